@@ -1,0 +1,5 @@
+import sys
+
+from sprite_env.cli.main import main
+
+sys.exit(main())

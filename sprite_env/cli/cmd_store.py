@@ -1,0 +1,101 @@
+"""``sprite-env store ...``: check, rebuild-catalog, stats, init."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from sprite_env.cli.progress import progress_bar
+from sprite_env.errors import StoreError
+from sprite_env.store import check, open_store, rebuild, stats
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("store", help="inspect and repair the object store")
+    ssub = p.add_subparsers(dest="store_cmd", required=True, metavar="COMMAND")
+
+    def common(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--store", required=True, metavar="DIR", help="the store directory")
+        q.add_argument("--json", action="store_true", help="print JSON")
+
+    q = ssub.add_parser("init", help="create an empty store")
+    common(q)
+    q.set_defaults(func=cmd_init)
+    q = ssub.add_parser("check", help="verify every object the catalog lists (exit 3 if not)")
+    common(q)
+    q.add_argument(
+        "--read-data", action="store_true", help="also re-read and re-hash every object"
+    )
+    q.set_defaults(func=cmd_check)
+    q = ssub.add_parser("rebuild-catalog", help="rebuild the catalog from the packs alone")
+    common(q)
+    q.set_defaults(func=cmd_rebuild)
+    q = ssub.add_parser("stats", help="objects, packs, bytes, dedup and compression ratios")
+    common(q)
+    q.set_defaults(func=cmd_stats)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    with open_store(args.store, create=True):
+        pass
+    print(json.dumps({"store": args.store}) if args.json else f"store ready at {args.store}")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    with open_store(args.store, writable=False) as s, progress_bar(
+        "checking packs", enabled=not args.json
+    ) as update:
+        report = check(s, read_data=args.read_data, progress=update)
+    if args.json:
+        print(json.dumps({"ok": report.ok, "packs": report.packs, "objects": report.objects,
+                          "bytes_read": report.bytes_read, "errors": report.errors,
+                          "warnings": report.warnings}))
+    else:
+        for w in report.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        for e in report.errors:
+            print(f"error: {e}", file=sys.stderr)
+        what = "objects read and hashed" if args.read_data else "objects located"
+        verdict = "ok" if report.ok else f"{len(report.errors)} problem(s)"
+        print(f"{report.packs} packs, {report.objects} {what}: {verdict}")
+    return 0 if report.ok else StoreError.exit_code
+
+
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    with open_store(args.store, repair=True) as s:
+        r = rebuild(s)
+    if args.json:
+        print(json.dumps(r.__dict__))
+    else:
+        print(f"catalog rebuilt: {r.packs} packs, {r.objects} objects")
+        for name in r.damaged_packs:
+            print(f"warning: pack {name} is damaged; kept what verified", file=sys.stderr)
+    return 0
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    raise AssertionError
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    with open_store(args.store, writable=False) as s:
+        st = stats(s)
+    if args.json:
+        d = dict(st.__dict__)
+        d["compression_ratio"] = st.compression_ratio
+        d["dedup_ratio"] = st.dedup_ratio
+        print(json.dumps(d))
+        return 0
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(st.objects_by_kind.items()))
+    print(f"objects:      {st.objects} ({kinds or 'none'})")
+    print(f"packs:        {st.packs} ({_size(st.pack_bytes)} on disk)")
+    print(f"raw bytes:    {_size(st.raw_bytes)} unique, {_size(st.ingested_bytes)} ingested")
+    print(f"stored bytes: {_size(st.stored_bytes)}")
+    print(f"dedup:        {st.dedup_ratio:.2f}x   compression: {st.compression_ratio:.2f}x")
+    return 0

@@ -1,0 +1,35 @@
+"""Content-addressed object store: the bottom layer of sprite-env.
+
+Concepts:
+
+- An **object** is a byte string named by its BLAKE3-256 (:class:`~sprite_env.ids.ObjectId`);
+  the same bytes are stored once. Kinds: data chunks, trees, chunk lists, metadata
+  (:class:`ObjectKind`).
+- Objects are zstd-compressed one by one (raw when that saves under 3%) and appended to
+  **packs**: immutable ~32 MiB files, data and metadata apart, each with per-object
+  headers and a trailing table (format in ``pack.py``).
+- The **catalog** (SQLite, WAL; schema in ``catalog.py``) maps object ids to pack and
+  offset. It is the single source of truth, and can be rebuilt from the packs.
+- A :class:`StoreWriter` commits packs and catalog rows in one transaction; a crash at any
+  instant leaves the previous state, and orphan packs are deleted at the next open. One
+  writer at a time (flock).
+- The store knows nothing about files; ``snapshot`` builds files out of objects.
+"""
+
+from sprite_env.store.check import CheckReport, RebuildReport, Stats, check, rebuild, stats
+from sprite_env.store.pack import ObjectKind
+from sprite_env.store.repository import Store, StoreWriter, WriteStats, open_store
+
+__all__ = [
+    "CheckReport",
+    "ObjectKind",
+    "RebuildReport",
+    "Stats",
+    "Store",
+    "StoreWriter",
+    "WriteStats",
+    "check",
+    "open_store",
+    "rebuild",
+    "stats",
+]

@@ -1,0 +1,247 @@
+"""The catalog: one SQLite database (WAL) that is the store's single source of truth.
+
+Schema (version 1). This is the one place it is described; ``_MIGRATIONS`` creates it.
+
+``meta(key TEXT PRIMARY KEY, value TEXT)``
+    ``schema_version``; ``ingested_bytes`` (raw bytes ever offered to the store,
+    duplicates included: the numerator of the dedup ratio).
+``packs(id INTEGER PRIMARY KEY, name TEXT UNIQUE, class INTEGER, size INTEGER,
+objects INTEGER)``
+    One row per published pack file ``packs/<name>.pack``; ``class`` 0 = data, 1 = metadata.
+``objects(id BLOB PRIMARY KEY, pack INTEGER, offset INTEGER, stored_len INTEGER,
+raw_len INTEGER, kind INTEGER, codec INTEGER) WITHOUT ROWID``
+    Where each object lives. ``offset`` is that of its entry header in the pack.
+
+Invariants: an object row exists only if its pack row exists and the pack file was made
+durable before the transaction that inserted both committed. A pack file with no row is
+an orphan of a crash and is deleted when the store is opened for writing. Everything here
+except ``meta.ingested_bytes`` can be rebuilt from the packs alone (``rebuild``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sprite_env.errors import StoreError
+from sprite_env.ids import ObjectId, PackName
+from sprite_env.store.pack import Entry
+
+SCHEMA_VERSION = 1
+
+_MIGRATIONS: list[str] = [
+    # 0 -> 1
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE packs (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        class INTEGER NOT NULL,
+        size INTEGER NOT NULL,
+        objects INTEGER NOT NULL
+    );
+    CREATE TABLE objects (
+        id BLOB PRIMARY KEY,
+        pack INTEGER NOT NULL REFERENCES packs(id),
+        offset INTEGER NOT NULL,
+        stored_len INTEGER NOT NULL,
+        raw_len INTEGER NOT NULL,
+        kind INTEGER NOT NULL,
+        codec INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX objects_by_pack ON objects(pack);
+    INSERT INTO meta VALUES ('ingested_bytes', '0');
+    """,
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PackRow:
+    id: int
+    name: PackName
+    pack_class: int
+    size: int
+    objects: int
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """An object's catalog row: its entry and the name of its pack."""
+
+    pack: PackName
+    entry: Entry
+
+
+class Catalog:
+    """Thread-safe access to the catalog database.
+
+    One connection, serialized by a lock: SQLite calls are short, and the writer is the only
+    process that writes (the store's flock guarantees it).
+    """
+
+    def __init__(self, path: str, *, readonly: bool = False) -> None:
+        self.path = path
+        uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
+        try:
+            self._db = sqlite3.connect(
+                uri, uri=True, check_same_thread=False, isolation_level=None, timeout=30
+            )
+            if not readonly:
+                self._db.execute("PRAGMA journal_mode=WAL")
+            # FULL: a committed checkpoint survives power loss, not only a crash.
+            self._db.execute("PRAGMA synchronous=FULL")
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open catalog {path}: {e}") from None
+        self._lock = threading.Lock()
+        self._pack_names: dict[int, PackName] = {}
+        if not readonly:
+            self._migrate()
+        version = self.schema_version()
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"catalog schema {version} is newer than this sprite-env supports "
+                f"({SCHEMA_VERSION}); upgrade sprite-env"
+            )
+
+    def close(self) -> None:
+        self._db.close()
+
+    def schema_version(self) -> int:
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate(self) -> None:
+        version = self.schema_version()
+        for i in range(version, len(_MIGRATIONS)):
+            with self.transaction() as db:
+                for stmt in _MIGRATIONS[i].split(";"):
+                    if stmt.strip():
+                        db.execute(stmt)
+                db.execute(f"PRAGMA user_version={i + 1}")
+
+    # -- transactions ------------------------------------------------------------------
+
+    def transaction(self) -> _Transaction:
+        """A context manager: ``BEGIN IMMEDIATE`` ... ``COMMIT`` (or rollback on error)."""
+        return _Transaction(self)
+
+    # -- objects -----------------------------------------------------------------------
+
+    def has(self, oid: ObjectId) -> bool:
+        with self._lock:
+            row = self._db.execute("SELECT 1 FROM objects WHERE id=?", (oid,)).fetchone()
+        return row is not None
+
+    def locate(self, oid: ObjectId) -> Located | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT pack, offset, stored_len, raw_len, kind, codec FROM objects WHERE id=?",
+                (oid,),
+            ).fetchone()
+            if row is None:
+                return None
+            pack_id, off, slen, rlen, kind, codec = row
+            name = self._pack_name(pack_id)
+        return Located(name, Entry(oid, off, slen, rlen, kind, codec))
+
+    def _pack_name(self, pack_id: int) -> PackName:
+        name = self._pack_names.get(pack_id)
+        if name is None:
+            r = self._db.execute("SELECT name FROM packs WHERE id=?", (pack_id,)).fetchone()
+            if r is None:
+                raise StoreError(f"catalog refers to unknown pack row {pack_id}")
+            name = self._pack_names[pack_id] = PackName(r[0])
+        return name
+
+    def forget_pack_names(self) -> None:
+        """Drops the pack-name cache (after the packs table was rewritten)."""
+        with self._lock:
+            self._pack_names.clear()
+
+    def objects_in_pack(self, pack_id: int) -> list[Entry]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, offset, stored_len, raw_len, kind, codec FROM objects "
+                "WHERE pack=? ORDER BY offset",
+                (pack_id,),
+            ).fetchall()
+        return [Entry(ObjectId(r[0]), r[1], r[2], r[3], r[4], r[5]) for r in rows]
+
+    def packs(self) -> list[PackRow]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, name, class, size, objects FROM packs ORDER BY id"
+            ).fetchall()
+        return [PackRow(r[0], PackName(r[1]), r[2], r[3], r[4]) for r in rows]
+
+    def object_count(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT count(*) FROM objects").fetchone()[0])
+
+    def query(self, sql: str, params: Iterable[object] = ()) -> list[tuple[Any, ...]]:
+        """Runs a read-only query (for stats and checks)."""
+        with self._lock:
+            return list(self._db.execute(sql, tuple(params)).fetchall())
+
+    def meta(self, key: str, default: str | None = None) -> str | None:
+        with self._lock:
+            r = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return default if r is None else str(r[0])
+
+
+class _Transaction:
+    def __init__(self, catalog: Catalog) -> None:
+        self._c = catalog
+
+    def __enter__(self) -> sqlite3.Connection:
+        self._c._lock.acquire()
+        try:
+            self._c._db.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._c._lock.release()
+            raise
+        return self._c._db
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        try:
+            if exc_type is None:
+                self._c._db.execute("COMMIT")
+            else:
+                self._c._db.execute("ROLLBACK")
+        finally:
+            self._c._lock.release()
+
+
+def insert_pack(
+    db: sqlite3.Connection, name: PackName, pack_class: int, size: int, entries: list[Entry]
+) -> int:
+    """Inserts one pack and its objects inside an open transaction; returns the pack row id.
+
+    Objects already in the catalog (a duplicate written by a racing put) keep their old row.
+    """
+    cur = db.execute(
+        "INSERT INTO packs(name, class, size, objects) VALUES (?,?,?,?)",
+        (name, pack_class, size, len(entries)),
+    )
+    pack_id = cur.lastrowid
+    assert pack_id is not None
+    db.executemany(
+        "INSERT OR IGNORE INTO objects(id, pack, offset, stored_len, raw_len, kind, codec) "
+        "VALUES (?,?,?,?,?,?,?)",
+        ((e.id, pack_id, e.offset, e.stored_len, e.raw_len, e.kind, e.codec) for e in entries),
+    )
+    return int(pack_id)
+
+
+def add_meta_counter(db: sqlite3.Connection, key: str, delta: int) -> None:
+    db.execute(
+        "INSERT INTO meta(key, value) VALUES (?, ?) "
+        "ON CONFLICT(key) DO UPDATE SET value = CAST(value AS INTEGER) + ?",
+        (key, str(delta), delta),
+    )
+
+
+CommitHook = Callable[[sqlite3.Connection], None]
+__all__ = ["Catalog", "CommitHook", "Located", "PackRow", "add_meta_counter", "insert_pack"]

@@ -1,0 +1,223 @@
+"""Store maintenance: ``check`` (the oracle of every reliability test), ``rebuild`` of the
+catalog from the packs alone, and ``stats``.
+
+``check`` without ``read_data`` proves that every catalog row points into an existing pack
+file of the recorded size whose table (verified by its hash) lists that object at that
+offset; with ``read_data`` it also re-hashes every pack file against its name and every
+object against its id.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import blake3
+
+from sprite_env.errors import CorruptPack, StoreError
+from sprite_env.ids import PackName
+from sprite_env.store.catalog import Catalog, insert_pack
+from sprite_env.store.pack import Entry, ObjectKind, pack_path, read_header, read_table, scan_entries
+from sprite_env.store.repository import Store
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class CheckReport:
+    """What ``check`` found. ``ok`` only when ``errors`` is empty."""
+
+    packs: int = 0
+    objects: int = 0
+    bytes_read: int = 0
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def _hash_file(fd: int) -> str:
+    h = blake3.blake3()
+    off = 0
+    while chunk := os.pread(fd, 8 << 20, off):
+        h.update(chunk)
+        off += len(chunk)
+    return h.hexdigest()
+
+
+def check(store: Store, *, read_data: bool = False, progress: Progress | None = None) -> CheckReport:
+    """Verifies the store against its catalog; see the module docstring.
+
+    Never raises for damage it finds: every problem becomes a line in ``errors`` naming the
+    pack and offset.
+    """
+    report = CheckReport()
+    packs = store.catalog.packs()
+    known = {p.name for p in packs}
+    for fname in sorted(os.listdir(store.packs_dir)):
+        if fname.endswith(".pack") and fname[:-5] not in known:
+            report.warnings.append(f"pack {fname[:-5]} is not in the catalog (orphan)")
+    dangling = store.catalog.query(
+        "SELECT count(*) FROM objects WHERE pack NOT IN (SELECT id FROM packs)"
+    )[0][0]
+    if dangling:
+        report.errors.append(f"{dangling} catalog objects refer to no pack")
+    for i, p in enumerate(packs):
+        report.packs += 1
+        rows = store.catalog.objects_in_pack(p.id)
+        report.objects += len(rows)
+        _check_pack(store, p.name, p.size, p.pack_class, rows, read_data, report)
+        if progress:
+            progress(i + 1, len(packs))
+    return report
+
+
+def _check_pack(
+    store: Store,
+    name: PackName,
+    size: int,
+    pack_class: int,
+    rows: list[Entry],
+    read_data: bool,
+    report: CheckReport,
+) -> None:
+    path = pack_path(store.packs_dir, name)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        report.errors.append(f"pack {name}: missing ({len(rows)} objects lost)")
+        return
+    try:
+        actual = os.fstat(fd).st_size
+        if actual != size:
+            report.errors.append(f"pack {name}: size {actual}, catalog says {size} (truncated?)")
+        try:
+            if read_header(fd, name) != pack_class:
+                report.errors.append(f"pack {name}: class differs from the catalog")
+            table = {e.id: e for e in read_table(fd, name)}
+        except CorruptPack as e:
+            report.errors.append(str(e))
+            table = {}
+        for r in rows:
+            t = table.get(r.id)
+            if table and t != r:
+                report.errors.append(
+                    f"pack {name} at offset {r.offset}: object {r.id.hex()[:16]} is not "
+                    "where the catalog says"
+                )
+        if read_data:
+            if _hash_file(fd) != name:
+                report.errors.append(f"pack {name}: contents do not match its name (hash)")
+            report.bytes_read += actual
+            for r in rows:
+                try:
+                    store.read_entry(name, r, verify=True)
+                except CorruptPack as e:
+                    report.errors.append(str(e))
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class RebuildReport:
+    packs: int = 0
+    objects: int = 0
+    duplicates: int = 0
+    damaged_packs: list[str] = field(default_factory=list)
+
+
+def rebuild(store: Store) -> RebuildReport:
+    """Rebuilds the catalog's store tables from the pack files alone.
+
+    Each pack's table is used when its hash verifies; a pack with a damaged table is
+    scanned entry by entry and every object in it re-hashed, keeping only sound ones. The
+    new tables replace the old ones in one transaction. Needs the store open for writing.
+    """
+    if not store.writable:
+        raise StoreError("rebuild needs the store open for writing")
+    report = RebuildReport()
+    found: list[tuple[PackName, int, int, list[Entry]]] = []
+    for fname in sorted(os.listdir(store.packs_dir)):
+        if not fname.endswith(".pack"):
+            continue
+        name = PackName(fname[:-5])
+        fd = os.open(os.path.join(store.packs_dir, fname), os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                cls = read_header(fd, name)
+            except CorruptPack:
+                report.damaged_packs.append(name)
+                continue
+            try:
+                entries = read_table(fd, name)
+            except CorruptPack:
+                report.damaged_packs.append(name)
+                entries = []
+                for e in scan_entries(fd, name):
+                    try:
+                        store.read_entry(name, e, verify=True)
+                    except CorruptPack:
+                        continue
+                    entries.append(e)
+        finally:
+            os.close(fd)
+        found.append((name, cls, size, entries))
+    cat: Catalog = store.catalog
+    with cat.transaction() as db:
+        db.execute("DELETE FROM objects")
+        db.execute("DELETE FROM packs")
+        seen: set[bytes] = set()
+        for name, cls, size, entries in found:
+            unique = [e for e in entries if e.id not in seen]
+            report.duplicates += len(entries) - len(unique)
+            seen.update(e.id for e in unique)
+            insert_pack(db, name, cls, size, unique)
+            report.packs += 1
+            report.objects += len(unique)
+    cat.forget_pack_names()
+    return report
+
+
+@dataclass
+class Stats:
+    objects: int
+    objects_by_kind: dict[str, int]
+    packs: int
+    pack_bytes: int
+    raw_bytes: int
+    stored_bytes: int
+    ingested_bytes: int
+
+    @property
+    def compression_ratio(self) -> float:
+        return self.raw_bytes / self.stored_bytes if self.stored_bytes else 1.0
+
+    @property
+    def dedup_ratio(self) -> float:
+        return self.ingested_bytes / self.raw_bytes if self.raw_bytes else 1.0
+
+
+def stats(store: Store) -> Stats:
+    """Counts objects and bytes; ratios are derived properties."""
+    q = store.catalog.query
+    by_kind = {
+        ObjectKind(k).name.lower(): int(n)
+        for k, n in q("SELECT kind, count(*) FROM objects GROUP BY kind")
+    }
+    objects, raw, stored = q(
+        "SELECT count(*), coalesce(sum(raw_len), 0), coalesce(sum(stored_len), 0) FROM objects"
+    )[0]
+    packs, pack_bytes = q("SELECT count(*), coalesce(sum(size), 0) FROM packs")[0]
+    return Stats(
+        objects=int(objects),
+        objects_by_kind=by_kind,
+        packs=int(packs),
+        pack_bytes=int(pack_bytes),
+        raw_bytes=int(raw),
+        stored_bytes=int(stored),
+        ingested_bytes=int(store.catalog.meta("ingested_bytes", "0") or 0),
+    )

@@ -1,0 +1,38 @@
+import os
+
+import blake3
+import pytest
+
+from sprite_env.store import codec
+
+
+def test_object_id_is_blake3_256() -> None:
+    assert codec.object_id(b"abc") == blake3.blake3(b"abc").digest()
+    assert len(codec.object_id(b"")) == 32
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"a" * 100_000, codec.Codec.ZSTD),  # compressible
+        (os.urandom(100_000), codec.Codec.RAW),  # saves < 3%: kept raw
+        (b"tiny", codec.Codec.RAW),
+        (b"", codec.Codec.RAW),
+    ],
+)
+def test_encode_picks_codec_and_round_trips(data: bytes, expected: codec.Codec) -> None:
+    c, payload = codec.encode(data)
+    assert c == expected
+    if c == codec.Codec.ZSTD:
+        assert len(payload) < len(data) * 0.97
+    assert codec.decode(c, payload, len(data)) == data
+
+
+def test_decode_rejects_garbage_and_wrong_length() -> None:
+    c, payload = codec.encode(b"x" * 1000)
+    with pytest.raises(ValueError, match="expected"):
+        codec.decode(c, payload, 999)
+    with pytest.raises(ValueError, match="zstd"):
+        codec.decode(codec.Codec.ZSTD, b"\x00" * 20, 1000)
+    with pytest.raises(ValueError, match="unknown codec"):
+        codec.decode(9, b"", 0)
