@@ -61,7 +61,7 @@ def mutate_sample_tree(root: str) -> None:
 
 
 def _files(root: str) -> list[str]:
-    out = []
+    out: list[str] = []
     for dirpath, _dirs, files in os.walk(root):
         out.extend(os.path.join(dirpath, f) for f in files)
     return sorted(out)
@@ -83,8 +83,9 @@ def _store_tree(store_dir: str, root: str) -> PassResult:
         files = {p: store_file(p, w, chunker) for p in _files(root)}
         w.commit()
         st = w.stats
-    return PassResult(files, st.bytes_offered, st.bytes_new, st.bytes_stored,
-                      time.perf_counter() - t0)
+    return PassResult(
+        files, st.bytes_offered, st.bytes_new, st.bytes_stored, time.perf_counter() - t0
+    )
 
 
 def _sha(path: str) -> str:
@@ -102,13 +103,17 @@ def run_demo(workdir: str | None = None, say: Say = print) -> bool:
         build_sample_tree(root)
         first = _store_tree(store_dir, root)
         mib = 1 << 20
-        say(f"2. stored {len(first.files)} files, {first.bytes_in / mib:.1f} MiB read, "
+        say(
+            f"2. stored {len(first.files)} files, {first.bytes_in / mib:.1f} MiB read, "
             f"{first.bytes_new / mib:.1f} MiB unique, {first.bytes_stored / mib:.1f} MiB "
-            f"in packs, in {first.seconds:.2f} s")
+            f"in packs, in {first.seconds:.2f} s"
+        )
         mutate_sample_tree(root)
         second = _store_tree(store_dir, root)
-        say(f"3. changed 2 files and stored the tree again: {second.bytes_new / 1024:.0f} KiB "
-            f"new of {second.bytes_in / mib:.1f} MiB read")
+        say(
+            f"3. changed 2 files and stored the tree again: {second.bytes_new / 1024:.0f} KiB "
+            f"new of {second.bytes_in / mib:.1f} MiB read"
+        )
         ok = True
         with open_store(store_dir, writable=False) as s:
             for path, refs in second.files.items():
@@ -118,14 +123,20 @@ def run_demo(workdir: str | None = None, say: Say = print) -> bool:
                 if h.hexdigest() != _sha(path):
                     say(f"   MISMATCH: {path}")
                     ok = False
-            say(f"4. read back {len(second.files)} files from the store: "
-                f"{'all byte-exact' if ok else 'MISMATCHES'}")
+            say(
+                f"4. read back {len(second.files)} files from the store: "
+                f"{'all byte-exact' if ok else 'MISMATCHES'}"
+            )
             report = check(s, read_data=True)
             st = stats(s)
-        say(f"5. store check --read-data: {report.packs} packs, {report.objects} objects, "
-            f"{'ok' if report.ok else report.errors}")
-        say(f"   store: {st.stored_bytes / mib:.1f} MiB for {st.ingested_bytes / mib:.1f} MiB "
-            f"ingested (dedup {st.dedup_ratio:.2f}x, compression {st.compression_ratio:.2f}x)")
+        say(
+            f"5. store check --read-data: {report.packs} packs, {report.objects} objects, "
+            f"{'ok' if report.ok else report.errors}"
+        )
+        say(
+            f"   store: {st.stored_bytes / mib:.1f} MiB for {st.ingested_bytes / mib:.1f} MiB "
+            f"ingested (dedup {st.dedup_ratio:.2f}x, compression {st.compression_ratio:.2f}x)"
+        )
         ok = ok and report.ok
         say("demo " + ("passed" if ok else "FAILED"))
         return ok

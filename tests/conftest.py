@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from sprite_env.store import Store, open_store
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 pytest_plugins = ["tests.plugins.checklogs"]
 

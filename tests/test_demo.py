@@ -12,7 +12,8 @@ from tests.helpers.cli import run_cli
 def test_demo_command_passes(tmp_path: os.PathLike[str]) -> None:
     r = run_cli("demo", "--dir", os.fspath(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "all byte-exact" in r.stdout and "demo passed" in r.stdout
+    assert "all byte-exact" in r.stdout
+    assert "demo passed" in r.stdout
 
 
 def test_demo_reports_failure_when_read_back_differs(tmp_path: os.PathLike[str]) -> None:

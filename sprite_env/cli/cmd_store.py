@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from sprite_env.cli.progress import progress_bar
 from sprite_env.errors import StoreError
 from sprite_env.store import check, open_store, rebuild, stats
+
+if TYPE_CHECKING:
+    import argparse
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,9 +27,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     q.set_defaults(func=cmd_init)
     q = ssub.add_parser("check", help="verify every object the catalog lists (exit 3 if not)")
     common(q)
-    q.add_argument(
-        "--read-data", action="store_true", help="also re-read and re-hash every object"
-    )
+    q.add_argument("--read-data", action="store_true", help="also re-read and re-hash every object")
     q.set_defaults(func=cmd_check)
     q = ssub.add_parser("rebuild-catalog", help="rebuild the catalog from the packs alone")
     common(q)
@@ -44,14 +45,24 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    with open_store(args.store, writable=False) as s, progress_bar(
-        "checking packs", enabled=not args.json
-    ) as update:
+    with (
+        open_store(args.store, writable=False) as s,
+        progress_bar("checking packs", enabled=not args.json) as update,
+    ):
         report = check(s, read_data=args.read_data, progress=update)
     if args.json:
-        print(json.dumps({"ok": report.ok, "packs": report.packs, "objects": report.objects,
-                          "bytes_read": report.bytes_read, "errors": report.errors,
-                          "warnings": report.warnings}))
+        print(
+            json.dumps(
+                {
+                    "ok": report.ok,
+                    "packs": report.packs,
+                    "objects": report.objects,
+                    "bytes_read": report.bytes_read,
+                    "errors": report.errors,
+                    "warnings": report.warnings,
+                }
+            )
+        )
     else:
         for w in report.warnings:
             print(f"warning: {w}", file=sys.stderr)

@@ -17,11 +17,14 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from sprite_env import __version__
 from sprite_env.cli import cmd_demo, cmd_store
 from sprite_env.errors import SpriteError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1

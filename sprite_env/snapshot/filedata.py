@@ -8,12 +8,16 @@ nothing in the store and are written back as holes, so sparse files stay sparse.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from sprite_env.ids import ObjectId
 from sprite_env.store import ObjectKind, Store, StoreWriter
-from sprite_env.store.chunker import Chunker
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from sprite_env.ids import ObjectId
+    from sprite_env.store.chunker import Chunker
 
 _ZEROS = bytes(1 << 20)
 

@@ -12,14 +12,24 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import blake3
 
 from sprite_env.errors import CorruptPack, StoreError
 from sprite_env.ids import PackName
 from sprite_env.store.catalog import Catalog, insert_pack
-from sprite_env.store.pack import Entry, ObjectKind, pack_path, read_header, read_table, scan_entries
-from sprite_env.store.repository import Store
+from sprite_env.store.pack import (
+    Entry,
+    ObjectKind,
+    pack_path,
+    read_header,
+    read_table,
+    scan_entries,
+)
+
+if TYPE_CHECKING:
+    from sprite_env.store.repository import Store
 
 Progress = Callable[[int, int], None]
 
@@ -48,7 +58,9 @@ def _hash_file(fd: int) -> str:
     return h.hexdigest()
 
 
-def check(store: Store, *, read_data: bool = False, progress: Progress | None = None) -> CheckReport:
+def check(
+    store: Store, *, read_data: bool = False, progress: Progress | None = None
+) -> CheckReport:
     """Verifies the store against its catalog; see the module docstring.
 
     Never raises for damage it finds: every problem becomes a line in ``errors`` naming the

@@ -30,15 +30,18 @@ import contextlib
 import os
 import struct
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
 import blake3
 
 from sprite_env.errors import CorruptPack
 from sprite_env.ids import ObjectId, PackName
 from sprite_env.store.faults import crashpoint
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 VERSION = 1
 HEADER = struct.Struct("<8sBB6x")
@@ -134,8 +137,9 @@ class PackWriter:
         table_offset = self.size
         self._write(table)
         self._write(
-            FOOTER.pack(table_offset, len(self.entries), blake3.blake3(table).digest(),
-                        FOOTER_MAGIC)
+            FOOTER.pack(
+                table_offset, len(self.entries), blake3.blake3(table).digest(), FOOTER_MAGIC
+            )
         )
         crashpoint("pack-before-fsync")
         os.fsync(self._fd)
@@ -229,7 +233,11 @@ def read_payload(fd: int, name: str, entry: Entry) -> bytes:
         raise CorruptPack(name, entry.offset, "truncated object")
     magic, kind, codec, oid, slen, rlen = ENTRY.unpack_from(raw)
     if (magic, oid, slen, rlen, codec) != (
-        ENTRY_MAGIC, entry.id, entry.stored_len, entry.raw_len, entry.codec
+        ENTRY_MAGIC,
+        entry.id,
+        entry.stored_len,
+        entry.raw_len,
+        entry.codec,
     ):
         raise CorruptPack(name, entry.offset, "object header does not match the catalog")
-    return raw[ENTRY.size:]
+    return raw[ENTRY.size :]

@@ -25,12 +25,11 @@ import json
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sprite_env.errors import CorruptPack, NotAStore, ObjectNotFound, StoreError, StoreLocked
-from sprite_env.ids import ObjectId, PackName
 from sprite_env.store import codec
 from sprite_env.store.catalog import Catalog, CommitHook, add_meta_counter, insert_pack
 from sprite_env.store.faults import crashpoint
@@ -43,6 +42,11 @@ from sprite_env.store.pack import (
     pack_path,
     read_payload,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from sprite_env.ids import ObjectId, PackName
 
 FORMAT = 1
 MARKER = "sprite-store.json"
@@ -249,9 +253,7 @@ class Store:
 
     # -- writing -----------------------------------------------------------------------
 
-    def writer(
-        self, workers: int | None = None, pack_size: int = TARGET_PACK_SIZE
-    ) -> StoreWriter:
+    def writer(self, workers: int | None = None, pack_size: int = TARGET_PACK_SIZE) -> StoreWriter:
         """Returns a writer; use it as a context manager (uncommitted work is dropped).
 
         Args:

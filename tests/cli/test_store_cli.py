@@ -21,14 +21,18 @@ def test_init_check_stats(store_dir: str) -> None:
     assert r.returncode == 0, r.stderr
     _make(store_dir)
     r = run_cli("store", "check", "--store", store_dir, "--read-data")
-    assert r.returncode == 0 and "10 objects read and hashed: ok" in r.stdout
+    assert r.returncode == 0
+    assert "10 objects read and hashed: ok" in r.stdout
     r = run_cli("store", "stats", "--store", store_dir, "--json")
     st = json.loads(r.stdout)
-    assert st["objects"] == 10 and st["packs"] == 1
-    assert st["raw_bytes"] == 80000 and st["stored_bytes"] < 80000
+    assert st["objects"] == 10
+    assert st["packs"] == 1
+    assert st["raw_bytes"] == 80000
+    assert st["stored_bytes"] < 80000
     assert st["compression_ratio"] > 1.0
     r = run_cli("store", "stats", "--store", store_dir)
-    assert "dedup:" in r.stdout and "compression:" in r.stdout
+    assert "dedup:" in r.stdout
+    assert "compression:" in r.stdout
 
 
 def test_check_exit_code_and_message_on_damage(store_dir: str) -> None:
@@ -46,7 +50,9 @@ def test_check_exit_code_and_message_on_damage(store_dir: str) -> None:
     assert f"pack {loc.pack} at offset {loc.entry.offset}" in r.stderr
     r = run_cli("store", "check", "--store", store_dir, "--read-data", "--json")
     out = json.loads(r.stdout)
-    assert r.returncode == 3 and out["ok"] is False and out["errors"]
+    assert r.returncode == 3
+    assert out["ok"] is False
+    assert out["errors"]
 
 
 def test_rebuild_catalog(store_dir: str) -> None:
@@ -55,10 +61,12 @@ def test_rebuild_catalog(store_dir: str) -> None:
         if os.path.exists(os.path.join(store_dir, "catalog.db" + suffix)):
             os.unlink(os.path.join(store_dir, "catalog.db" + suffix))
     r = run_cli("store", "check", "--store", store_dir)
-    assert r.returncode == 3 and "rebuild-catalog" in r.stderr  # packs are not thrown away
+    assert r.returncode == 3
+    assert "rebuild-catalog" in r.stderr
     assert len(os.listdir(os.path.join(store_dir, "packs"))) == 1
     r = run_cli("store", "rebuild-catalog", "--store", store_dir)
-    assert r.returncode == 0 and "10 objects" in r.stdout, r.stderr
+    assert r.returncode == 0, r.stderr
+    assert "10 objects" in r.stdout
     assert run_cli("store", "check", "--store", store_dir, "--read-data").returncode == 0
 
 
@@ -68,7 +76,8 @@ def test_not_a_store_is_a_clear_error(tmp_path: os.PathLike[str]) -> None:
         f.write("x")
     r = run_cli("store", "check", "--store", d)
     assert r.returncode == 3
-    assert "is not a sprite-env store" in r.stderr and "Traceback" not in r.stderr
+    assert "is not a sprite-env store" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_usage_errors_exit_2() -> None:

@@ -14,5 +14,9 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run(
         [sys.executable, "-m", "sprite_env", *args],
-        capture_output=True, text=True, cwd=REPO, env=full_env, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=full_env,
+        timeout=300,
     )

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
 
 
 @pytest.fixture

@@ -47,7 +47,10 @@ def _run(store_dir: str, phase: str, crash_at: str | None) -> subprocess.Complet
         env["SPRITE_ENV_CRASH_AT"] = crash_at
     return subprocess.run(
         [sys.executable, "-c", WRITER, store_dir, phase],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -62,7 +65,8 @@ def test_kill_during_a_write_loses_nothing(store_dir: str, point: str) -> None:
         assert on_disk == {p.name for p in s.catalog.packs()}, "orphan packs left"
         assert os.listdir(s.tmp_dir) == []
         report = check(s, read_data=True)
-        assert report.ok and not report.warnings, report
+        assert report.ok, report
+        assert not report.warnings, report
         for i in range(40):  # the first commit is intact
             assert s.read(object_id(blob("first", i))) == blob("first", i)
         second = [s.has(object_id(blob("second", i))) for i in range(40)]

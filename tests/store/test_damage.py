@@ -37,7 +37,8 @@ def test_flipped_payload_byte_names_pack_and_offset(store: Store) -> None:
 
     with pytest.raises(CorruptPack) as info:
         store.read(oid)
-    assert info.value.pack == loc.pack and info.value.offset == loc.entry.offset
+    assert info.value.pack == loc.pack
+    assert info.value.offset == loc.entry.offset
     assert f"pack {loc.pack} at offset {loc.entry.offset}" in str(info.value)
 
     assert check(store).ok  # the table and catalog still agree; only the data is bad
@@ -90,7 +91,8 @@ def test_rebuild_from_packs_alone_restores_every_object(store: Store) -> None:
         db.execute("DELETE FROM objects")
         db.execute("DELETE FROM packs")
     r = rebuild(store)
-    assert r.objects == 60 and not r.damaged_packs
+    assert r.objects == 60
+    assert not r.damaged_packs
     assert sorted(store.catalog.query("SELECT id, offset, raw_len FROM objects")) == before
     for oid, data in objs:
         assert store.read(oid) == data

@@ -53,7 +53,8 @@ def test_golden_pack_bytes(tmp_path: os.PathLike[str]) -> None:
     with open(path, "rb") as f:
         data = f.read()
     assert name == blake3.blake3(data).hexdigest()
-    assert data[:8] == b"SPRPACK\0" and data[-8:] == b"SPRPEND1"
+    assert data[:8] == b"SPRPACK\0"
+    assert data[-8:] == b"SPRPEND1"
     assert len(data) == 16 + 48 + 5 + 48 + 300 + 2 * 52 + 52
     # Pinned forever: a change here means existing stores become unreadable.
     assert name == "a054d1adb48546cbdd91ebc8db2938f8ac9dcb27b600d451f4a5bbc40772c895"

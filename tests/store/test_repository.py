@@ -56,13 +56,19 @@ def test_refuses_a_newer_catalog_schema(store_dir: str) -> None:
 def test_second_writer_is_refused_with_the_holders_pid(store_dir: str) -> None:
     open_store(store_dir, create=True).close()
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys; from sprite_env.store import open_store\n"
-         f"s = open_store({store_dir!r}); print('ready', flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from sprite_env.store import open_store\n"
+            f"s = open_store({store_dir!r}); print('ready', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
-        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "ready\n"
         with pytest.raises(StoreLocked, match=f"is locked by pid {holder.pid}"):
             open_store(store_dir)
         with pytest.raises(StoreLocked):
@@ -81,14 +87,16 @@ def test_put_dedups_within_and_across_commits(store: Store) -> None:
         a = w.put(b"a" * 5000)
         assert w.put(b"a" * 5000) == a
         w.commit()
-        assert w.stats.objects_new == 1 and w.stats.objects_offered == 2
+        assert w.stats.objects_new == 1
+        assert w.stats.objects_offered == 2
     with store.writer() as w:
         assert w.put(b"a" * 5000) == a
         w.commit()
         assert w.stats.objects_new == 0
     st = stats(store)
     assert st.objects == 1
-    assert st.ingested_bytes == 15000 and st.raw_bytes == 5000
+    assert st.ingested_bytes == 15000
+    assert st.raw_bytes == 5000
     assert st.dedup_ratio == 3.0
 
 
@@ -142,9 +150,11 @@ def test_unknown_object(store: Store) -> None:
 def test_concurrent_puts_from_threads(store: Store) -> None:
     blobs = [os.urandom(20_000) for _ in range(64)]
     with store.writer(pack_size=200_000) as w:
+
         def work(k: int) -> None:
             for b in blobs[k::4] + blobs:  # overlapping: every blob put several times
                 w.put(b)
+
         ts = [threading.Thread(target=work, args=(k,)) for k in range(4)]
         for t in ts:
             t.start()

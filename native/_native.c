@@ -1,0 +1,196 @@
+/*
+ * _native.c - CPython binding of the FastCDC kernel: module sprite_env._native.
+ *
+ * cut_points() scans any C-contiguous buffer (bytes, bytearray, memoryview,
+ * mmap, ...) with the GIL released. The buffer stays exported for the whole
+ * call, so it cannot be resized or closed meanwhile; if another thread writes
+ * into it during the scan the cut points are unspecified (but memory-safe).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "fastcdc.h"
+
+/* Below this many bytes the scan is too short to be worth a GIL round trip. */
+#define RELEASE_GIL_MIN_BYTES 8192
+
+PyDoc_STRVAR(cut_points_doc,
+"cut_points(buf, /, min_size, avg_size, max_size, final)\n"
+"--\n"
+"\n"
+"Return the end offsets of the complete chunks found in buf.\n"
+"\n"
+"Offsets are exclusive and relative to the start of buf; the first chunk\n"
+"starts at 0 and each next one where the previous one ended. If final is\n"
+"false, scanning stops as soon as fewer than max_size bytes remain, since a\n"
+"chunk there might still grow with more data: the caller keeps buf[last:]\n"
+"(shorter than max_size) and passes it again, followed by more data. If\n"
+"final is true, the remaining bytes form the last chunk (an empty buf gives\n"
+"no chunk). The GIL is released during the scan.\n"
+"\n"
+"Raises ValueError unless 0 <= min_size < avg_size < max_size and avg_size\n"
+"is a power of two between 2**3 and 2**62.");
+
+/* Grows *cuts to hold at least one more entry. Called without the GIL. */
+static int grow(size_t **cuts, size_t *cap)
+{
+    size_t new_cap = *cap ? *cap * 2u : 64u;
+    if (new_cap > PY_SSIZE_T_MAX / sizeof(size_t)) {
+        return -1;
+    }
+    size_t *p = PyMem_RawRealloc(*cuts, new_cap * sizeof(size_t));
+    if (p == NULL) {
+        return -1;
+    }
+    *cuts = p;
+    *cap = new_cap;
+    return 0;
+}
+
+/* The scan itself; touches no Python object, so it may run without the GIL.
+ * Returns 0, or -1 when out of memory. */
+static int scan(const uint8_t *buf, size_t len, size_t min_size, size_t avg_size,
+                size_t max_size, int final, size_t **cuts, size_t *count, size_t *cap)
+{
+    size_t pos = 0;
+    while (pos < len) {
+        size_t rem = len - pos;
+        if (!final && rem < max_size) {
+            break;
+        }
+        pos += fastcdc_cut(buf + pos, rem, min_size, avg_size, max_size);
+        if (*count == *cap && grow(cuts, cap) < 0) {
+            return -1;
+        }
+        (*cuts)[(*count)++] = pos;
+    }
+    return 0;
+}
+
+static PyObject *native_cut_points(PyObject *Py_UNUSED(module), PyObject *args,
+                                   PyObject *kwargs)
+{
+    static char *kwlist[] = {"", "min_size", "avg_size", "max_size", "final", NULL};
+    Py_buffer view;
+    Py_ssize_t min_arg, avg_arg, max_arg;
+    int final;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*nnnp:cut_points", kwlist, &view,
+                                     &min_arg, &avg_arg, &max_arg, &final)) {
+        return NULL;
+    }
+    if (min_arg < 0 || avg_arg < 0 || max_arg < 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "chunk sizes must not be negative");
+        return NULL;
+    }
+    size_t min_size = (size_t)min_arg, avg_size = (size_t)avg_arg, max_size = (size_t)max_arg;
+    int status = fastcdc_validate(min_size, avg_size, max_size);
+    if (status != FASTCDC_OK) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, fastcdc_strerror(status));
+        return NULL;
+    }
+
+    const uint8_t *buf = (const uint8_t *)view.buf;
+    size_t len = (size_t)view.len;
+    size_t *cuts = NULL;
+    size_t count = 0, cap = 0;
+    int rc;
+    if (len >= RELEASE_GIL_MIN_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = scan(buf, len, min_size, avg_size, max_size, final, &cuts, &count, &cap);
+        Py_END_ALLOW_THREADS
+    } else {
+        rc = scan(buf, len, min_size, avg_size, max_size, final, &cuts, &count, &cap);
+    }
+    PyBuffer_Release(&view);
+    if (rc < 0) {
+        PyMem_RawFree(cuts);
+        return PyErr_NoMemory();
+    }
+
+    PyObject *result = PyList_New((Py_ssize_t)count);
+    if (result != NULL) {
+        for (size_t i = 0; i < count; i++) {
+            PyObject *item = PyLong_FromSize_t(cuts[i]);
+            if (item == NULL) {
+                Py_CLEAR(result);
+                break;
+            }
+            PyList_SET_ITEM(result, (Py_ssize_t)i, item);
+        }
+    }
+    PyMem_RawFree(cuts);
+    return result;
+}
+
+PyDoc_STRVAR(gear_table_doc,
+"gear_table()\n"
+"--\n"
+"\n"
+"Return the 256-entry gear table of the kernel as a tuple of ints.");
+
+static PyObject *native_gear_table(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
+{
+    PyObject *table = PyTuple_New(256);
+    if (table == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < 256; i++) {
+        PyObject *item = PyLong_FromUnsignedLongLong(fastcdc_gear[i]);
+        if (item == NULL) {
+            Py_DECREF(table);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(table, i, item);
+    }
+    return table;
+}
+
+static PyMethodDef native_methods[] = {
+    {"cut_points", (PyCFunction)(void (*)(void))native_cut_points,
+     METH_VARARGS | METH_KEYWORDS, cut_points_doc},
+    {"gear_table", native_gear_table, METH_NOARGS, gear_table_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static int native_exec(PyObject *module)
+{
+    PyObject *seed = PyLong_FromUnsignedLongLong(FASTCDC_GEAR_SEED);
+    if (seed == NULL) {
+        return -1;
+    }
+    int rc = PyModule_AddObjectRef(module, "GEAR_SEED", seed);
+    Py_DECREF(seed);
+    return rc;
+}
+
+static PyModuleDef_Slot native_slots[] = {
+    {Py_mod_exec, (void *)native_exec},
+#if PY_VERSION_HEX >= 0x030C0000
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
+#if PY_VERSION_HEX >= 0x030D0000
+    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
+#endif
+    {0, NULL},
+};
+
+PyDoc_STRVAR(module_doc,
+"FastCDC content-defined chunking (normalized chunking level 2), in C.\n"
+"\n"
+"Use sprite_env.store.chunker instead of this module directly.");
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "sprite_env._native",
+    .m_doc = module_doc,
+    .m_size = 0,
+    .m_methods = native_methods,
+    .m_slots = native_slots,
+};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+    return PyModuleDef_Init(&native_module);
+}

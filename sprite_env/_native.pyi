@@ -1,0 +1,23 @@
+"""Typed stub of the C extension ``sprite_env._native`` (see native/_native.c)."""
+
+from typing import Final
+
+from typing_extensions import Buffer
+
+GEAR_SEED: Final[int]
+
+def cut_points(
+    buf: Buffer, /, min_size: int, avg_size: int, max_size: int, final: bool
+) -> list[int]:
+    """Returns the exclusive end offsets of the complete chunks found in ``buf``.
+
+    The GIL is released during the scan. If ``final`` is false, scanning stops once
+    fewer than ``max_size`` bytes remain; if true, the remainder is the last chunk.
+
+    Raises:
+        ValueError: Unless 0 <= min_size < avg_size < max_size and avg_size is a
+            power of two between 2**3 and 2**62.
+    """
+
+def gear_table() -> tuple[int, ...]:
+    """Returns the kernel's 256-entry gear table."""
