@@ -14,22 +14,30 @@ Concepts:
   instant leaves the previous state, and orphan packs are deleted at the next open. One
   writer at a time (flock).
 - The store knows nothing about files; ``snapshot`` builds files out of objects.
+- :func:`plan_prune` / :meth:`PrunePlan.execute` garbage-collect it, given the ids still
+  reachable (``prune.py``).
 """
 
 from sprite_env.store.check import CheckReport, RebuildReport, Stats, check, rebuild, stats
 from sprite_env.store.pack import ObjectKind
+from sprite_env.store.prune import PackUsage, PrunePlan, PruneReport, execute_prune, plan_prune
 from sprite_env.store.repository import Store, StoreWriter, WriteStats, open_store
 
 __all__ = [
     "CheckReport",
     "ObjectKind",
+    "PackUsage",
+    "PrunePlan",
+    "PruneReport",
     "RebuildReport",
     "Stats",
     "Store",
     "StoreWriter",
     "WriteStats",
     "check",
+    "execute_prune",
     "open_store",
+    "plan_prune",
     "rebuild",
     "stats",
 ]

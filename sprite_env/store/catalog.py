@@ -1,6 +1,6 @@
 """The catalog: one SQLite database (WAL) that is the store's single source of truth.
 
-Schema (version 1). This is the one place it is described; ``_MIGRATIONS`` creates it.
+Schema (version 2). This is the one place it is described; ``_MIGRATIONS`` creates it.
 
 ``meta(key TEXT PRIMARY KEY, value TEXT)``
     ``schema_version``; ``ingested_bytes`` (raw bytes ever offered to the store,
@@ -11,6 +11,25 @@ objects INTEGER)``
 ``objects(id BLOB PRIMARY KEY, pack INTEGER, offset INTEGER, stored_len INTEGER,
 raw_len INTEGER, kind INTEGER, codec INTEGER) WITHOUT ROWID``
     Where each object lives. ``offset`` is that of its entry header in the pack.
+
+The checkpoint layer's tables (version 2):
+
+``checkpoints(id TEXT PRIMARY KEY, seq INTEGER, is_auto INTEGER, create_time_ns INTEGER,
+comment TEXT, created_by TEXT, parent TEXT, history TEXT, top_tree BLOB, record BLOB,
+files INTEGER, dirs INTEGER, bytes INTEGER, bytes_added INTEGER, warnings TEXT)``
+    One row per checkpoint. ``seq`` is the n of a manual ``vN`` (NULL for ``auto-...``);
+    ``history`` is a JSON list of ancestor ids, nearest first; ``top_tree`` is the id of
+    the tree holding the root directory as its one entry ``.``; ``record`` is the id of
+    the META object that repeats this row, so ``rebuild`` can recover checkpoints from
+    packs; ``warnings`` is a JSON list of ``{"path", "message"}``. The row's insertion is
+    the commit point of a capture.
+``dircache(path BLOB PRIMARY KEY, tree BLOB, stat BLOB)``
+    The files cache, one row per directory of the live tree (path relative to the root,
+    ``b""`` for the root): the tree id last captured or restored there, and the children's
+    (inode, ctime, size, mtime) at that moment (see ``snapshot/dircache.py``).
+``meta`` keys of this layer: ``next_seq`` (v-numbers are never reused), ``active`` (the
+checkpoint last created or restored), ``restore_intent`` (JSON, present while a restore is
+unfinished).
 
 Invariants: an object row exists only if its pack row exists and the pack file was made
 durable before the transaction that inserted both committed. A pack file with no row is
@@ -30,7 +49,7 @@ from sprite_env.errors import StoreError
 from sprite_env.ids import ObjectId, PackName
 from sprite_env.store.pack import Entry
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _MIGRATIONS: list[str] = [
     # 0 -> 1
@@ -54,6 +73,28 @@ _MIGRATIONS: list[str] = [
     ) WITHOUT ROWID;
     CREATE INDEX objects_by_pack ON objects(pack);
     INSERT INTO meta VALUES ('ingested_bytes', '0');
+    """,
+    # 1 -> 2
+    """
+    CREATE TABLE checkpoints (
+        id TEXT PRIMARY KEY,
+        seq INTEGER UNIQUE,
+        is_auto INTEGER NOT NULL,
+        create_time_ns INTEGER NOT NULL,
+        comment TEXT NOT NULL,
+        created_by TEXT NOT NULL,
+        parent TEXT,
+        history TEXT NOT NULL,
+        top_tree BLOB NOT NULL,
+        record BLOB NOT NULL,
+        files INTEGER NOT NULL,
+        dirs INTEGER NOT NULL,
+        bytes INTEGER NOT NULL,
+        bytes_added INTEGER NOT NULL,
+        warnings TEXT NOT NULL
+    );
+    CREATE TABLE dircache (path BLOB PRIMARY KEY, tree BLOB NOT NULL, stat BLOB NOT NULL);
+    INSERT INTO meta VALUES ('next_seq', '0');
     """,
 ]
 

@@ -132,7 +132,9 @@ class Chunker:
             yield view[start:end]
             start = end
 
-    def chunks_of_fd(self, fd: int, block: int = DEFAULT_BLOCK) -> Iterator[memoryview]:
+    def chunks_of_fd(
+        self, fd: int, block: int = DEFAULT_BLOCK, limit: int | None = None
+    ) -> Iterator[memoryview]:
         """Reads a file descriptor to its end and yields its chunks, each exactly once.
 
         The data is read into a fresh buffer of ``block`` bytes plus the carried-over
@@ -149,6 +151,8 @@ class Chunker:
         Args:
             fd: A readable file descriptor, in blocking mode. Not closed.
             block: Bytes to read per buffer; at least ``max_size``.
+            limit: Read at most this many bytes (the stream ends there). A known size also
+                keeps buffers no bigger than the data: small files cost small buffers.
 
         Yields:
             Read-only memoryviews, in stream order; they concatenate to the stream.
@@ -160,9 +164,11 @@ class Chunker:
         if block < self.max_size:
             raise ValueError(f"block ({block}) must be at least max_size ({self.max_size})")
         carry: memoryview | None = None
+        left = limit if limit is not None else -1  # bytes still to read; -1: to EOF
         while True:
             carried = len(carry) if carry is not None else 0
-            buf = bytearray(carried + block)
+            want = block if left < 0 else min(block, left)
+            buf = bytearray(carried + want)
             filled = carried
             with memoryview(buf) as target:
                 if carry is not None:
@@ -175,6 +181,9 @@ class Chunker:
                         eof = True
                         break
                     filled += n
+                if left >= 0:
+                    left -= filled - carried
+                    eof = eof or left == 0
             data = memoryview(buf).toreadonly()[:filled]
             start = 0
             for end in self.cut_points(data, eof):

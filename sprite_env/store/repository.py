@@ -231,7 +231,15 @@ class Store:
         loc = self.catalog.locate(oid)
         if loc is None:
             raise ObjectNotFound(oid)
-        return self.read_entry(loc.pack, loc.entry, verify=verify)
+        try:
+            return self.read_entry(loc.pack, loc.entry, verify=verify)
+        except CorruptPack as e:
+            # A prune may have moved the object and unlinked its old pack between the
+            # lookup and the open: look once more, and retry only if it moved.
+            again = self.catalog.locate(oid)
+            if e.offset is not None or again is None or again == loc:
+                raise
+            return self.read_entry(again.pack, again.entry, verify=verify)
 
     def read_entry(self, pack: PackName, entry: Entry, *, verify: bool = True) -> bytes:
         """Reads an object whose location is known (see :meth:`read`)."""

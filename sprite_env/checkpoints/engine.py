@@ -1,0 +1,393 @@
+"""The checkpoint engine: the Python API that the CLI, the daemon and the FUSE view call.
+
+An :class:`Engine` owns a layer root and a store (held open, so it is the one writer).
+``create`` captures the root into a checkpoint; ``restore`` makes the root equal to one
+(after an automatic checkpoint of what it replaces, so every restore can be undone);
+``delete`` removes one and frees its space at once; ``preview`` and ``diff`` compare.
+
+Crash safety: a checkpoint exists once its row committed (with its objects and the
+files cache, in one transaction). A restore writes its intent first; an engine that opens
+with an intent pending finishes that restore before anything else. A delete marks a
+collection pending in the same transaction that removes the row; the next open finishes
+it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sprite_env.checkpoints import registry
+from sprite_env.checkpoints.gc import mark
+from sprite_env.checkpoints.hashonly import HashOnlySink
+from sprite_env.checkpoints.registry import Checkpoint, Registry
+from sprite_env.errors import SnapshotError, UserError
+from sprite_env.snapshot import dircache
+from sprite_env.snapshot.capture import CaptureResult, CaptureStats, Excludes, capture
+from sprite_env.snapshot.diff import Change, Difference, diff_trees
+from sprite_env.snapshot.restore import RestoreResult, RestoreStats, restore
+from sprite_env.store import ObjectKind, Store, open_store
+from sprite_env.store.faults import crashpoint
+from sprite_env.store.prune import PruneReport, plan_prune
+
+if TYPE_CHECKING:
+    from sprite_env.ids import ObjectId
+
+MAX_COMMENT = 4096
+
+#: Called with a phase name ("capture", "restore", "prune") and its running counters.
+Progress = Callable[[str, Any], None]
+
+
+class ActiveCheckpoint(UserError):
+    def __init__(self, cid: str) -> None:
+        super().__init__(f"cannot delete active checkpoint {cid}")
+        self.checkpoint = cid
+
+
+def check_comment(comment: str) -> str:
+    if len(comment) > MAX_COMMENT:
+        raise UserError(f"comment too long ({len(comment)} characters; at most {MAX_COMMENT})")
+    bad = [c for c in comment if unicodedata.category(c) == "Cc" and c not in "\t"]
+    if bad:
+        raise UserError(f"comment contains control characters ({bad[0]!r})")
+    return comment
+
+
+@dataclass
+class DeleteReport:
+    id: str
+    bytes_freed: int
+    objects_removed: int
+    packs_deleted: int
+    packs_written: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class RestoreReport:
+    id: str
+    undo: str | None  # the automatic checkpoint of the replaced state
+    stats: RestoreStats
+    warnings: list[str] = field(default_factory=list)
+    resumed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "undo": self.undo,
+            "resumed": self.resumed,
+            "warnings": self.warnings,
+            **self.stats.__dict__,
+        }
+
+
+@dataclass
+class Preview:
+    """What a restore would do: counts, and the paths."""
+
+    target: str
+    differences: list[Difference]
+
+    def counts(self) -> dict[str, int]:
+        # A restore undoes the live changes: what was added since is removed, and so on.
+        out = {"create": 0, "change": 0, "remove": 0}
+        for d in self.differences:
+            if d.change is Change.ADDED:
+                out["remove"] += 1
+            elif d.change is Change.REMOVED:
+                out["create"] += 1
+            else:
+                out["change"] += 1
+        return out
+
+
+class Engine:
+    """Checkpoints of one layer root in one store. Not thread-safe: one job at a time.
+
+    Args:
+        root: the layer to capture and restore.
+        store_dir: the store (created if missing).
+        excludes: fnmatch patterns of paths (relative to root) never captured or touched.
+        exclude_dirs: directories left out wherever they are (the store itself always is).
+    """
+
+    def __init__(
+        self,
+        root: str,
+        store_dir: str,
+        *,
+        excludes: list[str] | None = None,
+        exclude_dirs: list[str] | None = None,
+        resume: bool = True,
+        progress: Progress | None = None,
+    ) -> None:
+        self.root = root
+        self.store: Store = open_store(store_dir, create=True)
+        try:
+            self.registry = Registry(self.store.catalog)
+            self.excludes = Excludes([p.encode() for p in excludes or []])
+            for d in [store_dir, *(exclude_dirs or [])]:
+                self.excludes.add_dir(d)
+            self._bind_cache_to_root()
+            if resume:
+                self.resume_pending(progress)
+        except BaseException:
+            self.store.close()
+            raise
+
+    def close(self) -> None:
+        self.store.close()
+
+    def _bind_cache_to_root(self) -> None:
+        # The files cache describes one live tree; used with another root it would only
+        # cost re-reads (inodes differ), but a clean slate is clearer.
+        here = os.path.realpath(self.root)
+        if self.store.catalog.meta("cache_root") != here:
+            with self.store.catalog.transaction() as db:
+                db.execute("DELETE FROM dircache")
+                registry.set_meta(db, "cache_root", here)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def checkpoints(
+        self, *, include_auto: bool = False, history: str | None = None
+    ) -> list[Checkpoint]:
+        """Checkpoints, newest first; ``history`` keeps those descending from that id."""
+        out = self.registry.all()
+        if not include_auto:
+            out = [c for c in out if not c.is_auto]
+        if history is not None:
+            registry.validate_id(history)
+            out = [c for c in out if c.id == history or history in c.history]
+        return out
+
+    def info(self, cid: str) -> Checkpoint:
+        return self.registry.get(cid)
+
+    def active(self) -> str | None:
+        return self.registry.active()
+
+    # -- create ----------------------------------------------------------------------------
+
+    def create(
+        self,
+        comment: str = "",
+        *,
+        created_by: str = "user",
+        auto: bool = False,
+        progress: Progress | None = None,
+    ) -> Checkpoint:
+        """Captures the root into a new checkpoint and makes it the active one."""
+        check_comment(comment)
+        cache = dircache.load(self.store.catalog)
+        parent = self.registry.active()
+        history: list[str] = []
+        if parent is not None:
+            try:
+                history = [parent, *self.registry.get(parent).history]
+            except registry.UnknownCheckpoint:
+                history = [parent]
+        with self.store.writer() as w:
+            r = capture(
+                self.root,
+                w,
+                self.store.read,
+                cache,
+                excludes=self.excludes,
+                progress=(lambda s: progress("capture", s)) if progress else None,
+            )
+            w.flush()
+            now = time.time_ns()
+            if auto:
+                cid, seq = self.registry.next_auto_id(now), None
+            else:
+                cid, seq = self.registry.next_manual_id()
+            cp = _checkpoint(
+                cid, seq, auto, now, comment, created_by, parent, history, r, w.stats.bytes_stored
+            )
+            cp.record = w.put(cp.record_bytes(), ObjectKind.META)
+
+            def commit(db: Any) -> None:
+                registry.insert(db, cp)
+                registry.set_meta(db, "active", cid)
+                dircache.save(db, r.cache_changed, r.cache_removed)
+
+            w.commit(commit)
+        return cp
+
+    # -- compare ---------------------------------------------------------------------------
+
+    def _capture_live(self) -> tuple[CaptureResult, HashOnlySink]:
+        sink = HashOnlySink(self.store)
+        r = capture(
+            self.root, sink, sink.read, dircache.load(self.store.catalog), excludes=self.excludes
+        )
+        return r, sink
+
+    def diff(self, a: str, b: str | None = None) -> list[Difference]:
+        """Changes from checkpoint ``a`` to checkpoint ``b`` (default: the live tree)."""
+        ca = self.registry.get(a)
+        if b is not None:
+            cb = self.registry.get(b)
+            return list(diff_trees(self.store.read, ca.top_tree, cb.top_tree))
+        live, sink = self._capture_live()
+        return list(diff_trees(sink.read, ca.top_tree, live.top_tree))
+
+    def preview(self, cid: str) -> Preview:
+        """What ``restore(cid)`` would create, change and remove, without doing it."""
+        target = self.registry.get(cid)
+        live, sink = self._capture_live()
+        return Preview(cid, list(diff_trees(sink.read, target.top_tree, live.top_tree)))
+
+    # -- restore ---------------------------------------------------------------------------
+
+    def restore(
+        self, cid: str, *, created_by: str = "user", progress: Progress | None = None
+    ) -> RestoreReport:
+        """Makes the root equal to checkpoint ``cid``; see the module docstring."""
+        target = self.registry.get(cid)
+        undo = self.create(
+            f"before restore to {cid}", created_by=created_by, auto=True, progress=progress
+        )
+        intent = json.dumps({"target": cid, "undo": undo.id, "time_ns": time.time_ns()})
+        with self.store.catalog.transaction() as db:
+            registry.set_meta(db, "restore_intent", intent)
+        crashpoint("restore-after-intent")
+        res = self._restore_to(target, undo.top_tree, self.store.read, progress)
+        return RestoreReport(cid, undo.id, res.stats, res.warnings)
+
+    def _restore_to(
+        self,
+        target: Checkpoint,
+        live_top: ObjectId,
+        read_tree: Callable[[ObjectId], bytes],
+        progress: Progress | None,
+    ) -> RestoreResult:
+        res = restore(
+            self.root,
+            read_tree,
+            self.store.read,
+            live_top,
+            target.top_tree,
+            excludes=self.excludes,
+            progress=(lambda s: progress("restore", s)) if progress else None,
+        )
+        crashpoint("restore-before-commit")
+        with self.store.catalog.transaction() as db:
+            dircache.save(db, res.cache_changed, removed_trees=res.cache_removed)
+            registry.set_meta(db, "active", target.id)
+            registry.set_meta(db, "restore_intent", None)
+        return res
+
+    def pending_restore(self) -> dict[str, Any] | None:
+        raw = self.store.catalog.meta("restore_intent")
+        return json.loads(raw) if raw else None
+
+    def resume_pending(self, progress: Progress | None = None) -> RestoreReport | None:
+        """Finishes an interrupted delete's collection and an interrupted restore."""
+        if self.store.catalog.meta("gc_pending"):
+            self.collect()
+        intent = self.pending_restore()
+        if intent is None:
+            return None
+        try:
+            target = self.registry.get(intent["target"])
+        except registry.UnknownCheckpoint:
+            raise SnapshotError(
+                f"an interrupted restore targets {intent['target']}, which is gone"
+            ) from None
+        live, sink = self._capture_live()  # the half-restored tree as it is now
+        res = self._restore_to(target, live.top_tree, sink.read, progress)
+        return RestoreReport(target.id, intent.get("undo"), res.stats, res.warnings, True)
+
+    def export(self, cid: str, dest: str, *, progress: Progress | None = None) -> RestoreStats:
+        """Writes checkpoint ``cid`` into the empty directory ``dest`` (root untouched)."""
+        target = self.registry.get(cid)
+        if os.listdir(dest):
+            raise UserError(f"{dest} is not empty")
+        res = restore(
+            dest,
+            self.store.read,
+            self.store.read,
+            None,
+            target.top_tree,
+            progress=(lambda s: progress("restore", s)) if progress else None,
+            refresh_cache=False,
+        )
+        return res.stats
+
+    # -- delete ----------------------------------------------------------------------------
+
+    def delete(self, cid: str) -> DeleteReport:
+        """Deletes a checkpoint and frees the space only it used."""
+        self.registry.get(cid)
+        if cid == self.registry.active():
+            raise ActiveCheckpoint(cid)
+        with self.store.catalog.transaction() as db:
+            registry.delete(db, cid)
+            registry.set_meta(db, "gc_pending", "1")
+        crashpoint("delete-after-row")
+        rep = self.collect()
+        return DeleteReport(
+            cid, rep.bytes_freed, rep.objects_removed, rep.packs_deleted, rep.packs_written
+        )
+
+    def collect(self, progress: Progress | None = None) -> PruneReport:
+        """Removes every object no checkpoint needs; returns what it freed."""
+        remaining = self.registry.all()
+        live = mark(self.store.read, [c.top_tree for c in remaining])
+        live.update(c.record for c in remaining if c.record is not None)
+        with self.store.catalog.transaction() as db:
+            dircache.purge_unreachable(db, live)
+        plan = plan_prune(self.store, live)
+        report = plan.execute(
+            self.store, progress=(lambda d, t: progress("prune", (d, t))) if progress else None
+        )
+        with self.store.catalog.transaction() as db:
+            registry.set_meta(db, "gc_pending", None)
+        return report
+
+
+def _checkpoint(
+    cid: str,
+    seq: int | None,
+    auto: bool,
+    now: int,
+    comment: str,
+    created_by: str,
+    parent: str | None,
+    history: list[str],
+    r: CaptureResult,
+    bytes_added: int,
+) -> Checkpoint:
+    s: CaptureStats = r.stats
+    return Checkpoint(
+        id=cid,
+        seq=seq,
+        is_auto=auto,
+        create_time_ns=now,
+        comment=comment,
+        created_by=created_by,
+        parent=parent,
+        history=history,
+        top_tree=r.top_tree,
+        files=s.files,
+        dirs=s.dirs,
+        bytes=s.bytes,
+        bytes_added=bytes_added,
+        warnings=[w.to_json() for w in r.warnings],
+    )

@@ -1,0 +1,587 @@
+"""Capture: a directory tree -> tree objects and chunks in the store.
+
+The walk is depth first with names sorted, through directory file descriptors: symlinks
+are recorded, never followed; other file systems (mount points) and excluded paths are
+left out. Per directory, children whose signature matches the files cache
+(``dircache.py``) reuse their previous entry without being opened, and a directory whose
+children all match keeps its previous tree id without being read or re-encoded: a capture
+costs one ``stat`` per entry plus work in proportion to what changed.
+
+A changed regular file is read once through the chunker; each chunk is hashed here and
+compressed on the store writer's worker threads (both release the GIL). All-zero chunks
+become holes. A file whose size, mtime or ctime moves while it is read is read again (up
+to ``READ_ATTEMPTS`` times); if it keeps changing its last reading is kept and it is named
+in the capture's warnings.
+
+Error handling:
+    A per-entry problem (vanished, unreadable, a socket) becomes a :class:`CaptureWarning`
+    passed to ``on_warning``; the entry is left out and the capture goes on. Errors that
+    make the whole capture meaningless (the root unreadable, the store failing) raise.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import os
+import stat
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sprite_env.errors import SpriteError
+from sprite_env.ids import ObjectId
+from sprite_env.snapshot import dircache
+from sprite_env.snapshot.dircache import POISON, CachedDir, Sig, sig_of
+from sprite_env.snapshot.fsmeta import O_DIR, proc_path, read_xattrs
+from sprite_env.snapshot.tree import (
+    INLINE_CHUNKS,
+    Kind,
+    TreeEntry,
+    decode_tree,
+    encode_chunks,
+    encode_tree,
+)
+from sprite_env.store.chunker import Chunker
+from sprite_env.store.pack import ObjectKind
+
+READ_ATTEMPTS = 3
+_O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+class ObjectSink(Protocol):
+    """Where a capture puts objects (a ``StoreWriter``, or a hash-only sink)."""
+
+    def put(self, data: bytes, kind: ObjectKind = ...) -> ObjectId: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureWarning:
+    """Something left out of, or uncertain in, a checkpoint."""
+
+    path: bytes
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"path": self.path.decode(errors="backslashreplace"), "message": self.message}
+
+
+@dataclass
+class CaptureStats:
+    files: int = 0
+    dirs: int = 0
+    symlinks: int = 0
+    specials: int = 0
+    bytes: int = 0  # logical size of all regular files
+    files_read: int = 0
+    bytes_read: int = 0
+    dirs_reused: int = 0
+
+
+@dataclass
+class CaptureResult:
+    top_tree: ObjectId
+    stats: CaptureStats
+    warnings: list[CaptureWarning]
+    cache_changed: dict[bytes, CachedDir]
+    cache_removed: set[bytes]
+
+
+@dataclass
+class Excludes:
+    """What a capture leaves out: paths (fnmatch patterns relative to the root, matched
+    against the whole relative path) and directories identified by (st_dev, st_ino), so
+    the store is left out wherever it is mounted."""
+
+    patterns: list[bytes] = field(default_factory=list)
+    inodes: set[tuple[int, int]] = field(default_factory=set)
+
+    def add_dir(self, path: str | bytes) -> None:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return
+        self.inodes.add((st.st_dev, st.st_ino))
+
+    def match(self, rel: bytes, st: os.stat_result) -> bool:
+        if (st.st_dev, st.st_ino) in self.inodes:
+            return True
+        return any(fnmatch.fnmatchcase(rel, p) for p in self.patterns)
+
+
+Progress = Callable[[CaptureStats], None]
+OnWarning = Callable[[CaptureWarning], None]
+ReadTree = Callable[[ObjectId], bytes]
+
+
+def _join(rel: bytes, name: bytes) -> bytes:
+    return name if not rel else rel + b"/" + name
+
+
+class _Pending:
+    """A child of a directory being captured: a fresh entry, or "as before"."""
+
+    __slots__ = ("entry", "name", "st", "subtree", "subtree_changed")
+
+    def __init__(
+        self,
+        name: bytes,
+        st: os.stat_result,
+        entry: TreeEntry | None = None,
+        subtree: ObjectId | None = None,
+        subtree_changed: bool = False,
+    ) -> None:
+        self.name = name
+        self.st = st
+        self.entry = entry  # None: the previous entry, as it was (with ``subtree`` if a dir)
+        self.subtree = subtree
+        self.subtree_changed = subtree_changed
+
+    @property
+    def reuse(self) -> bool:
+        return self.entry is None
+
+
+class Capturer:
+    """Captures one tree; see the module docstring. Use :func:`capture`."""
+
+    def __init__(
+        self,
+        root: bytes,
+        sink: ObjectSink,
+        read_tree: ReadTree,
+        cache: dict[bytes, CachedDir],
+        *,
+        excludes: Excludes | None = None,
+        chunker: Chunker | None = None,
+        progress: Progress | None = None,
+        on_warning: OnWarning | None = None,
+    ) -> None:
+        self.root = root
+        self.sink = sink
+        self.read_tree = read_tree
+        self.cache = cache
+        self.excludes = excludes or Excludes()
+        self.chunker = chunker or Chunker()
+        self.progress = progress
+        self.on_warning = on_warning
+        self.stats = CaptureStats()
+        self.warnings: list[CaptureWarning] = []
+        self.cache_changed: dict[bytes, CachedDir] = {}
+        self.visited: set[bytes] = set()
+        self.links: dict[int, bytes] = {}  # inode -> path of the group's first member
+        self.link_payload: dict[int, TreeEntry] = {}  # inode -> entry read this capture
+        self.start_ns = time.time_ns()
+        self._last_progress = 0.0
+        self._root_dev = 0
+
+    # -- driver --------------------------------------------------------------------------
+
+    def run(self) -> CaptureResult:
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        old_limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(old_limit, 20_000))  # one frame per directory level
+        try:
+            st = os.fstat(fd)
+            self._root_dev = st.st_dev
+            subtree, _ = self._dir(fd, b"")
+            top = TreeEntry(
+                b".",
+                Kind.DIR,
+                stat.S_IMODE(st.st_mode),
+                st.st_uid,
+                st.st_gid,
+                st.st_mtime_ns,
+                xattrs=read_xattrs(fd),
+                payload=subtree,
+            )
+        finally:
+            sys.setrecursionlimit(old_limit)
+            os.close(fd)
+        top_id = self.sink.put(encode_tree([top]), ObjectKind.TREE)
+        self._report(force=True)
+        return CaptureResult(
+            top_id,
+            self.stats,
+            self.warnings,
+            self.cache_changed,
+            set(self.cache) - self.visited,
+        )
+
+    def _warn(self, rel: bytes, message: str) -> None:
+        w = CaptureWarning(rel, message)
+        self.warnings.append(w)
+        if self.on_warning:
+            self.on_warning(w)
+
+    def _report(self, force: bool = False) -> None:
+        if self.progress is None:
+            return
+        now = time.monotonic()
+        if force or now - self._last_progress >= 0.1:
+            self._last_progress = now
+            self.progress(self.stats)
+
+    # -- directories -----------------------------------------------------------------------
+
+    def _dir(self, fd: int, rel: bytes) -> tuple[ObjectId, bool]:
+        """Captures the directory open at ``fd``; returns its tree id and whether it changed
+        since the files cache's record of it."""
+        self.visited.add(rel)
+        self.stats.dirs += 1
+        cached = self.cache.get(rel)
+        prev_sigs = cached.sigs() if cached else {}
+        sigs: dict[bytes, Sig] = {}
+        pending: list[_Pending] = []
+        unchanged = cached is not None
+        try:
+            with os.scandir(fd) as it:
+                names = sorted((os.fsencode(d.name), d) for d in it)
+        except OSError as e:
+            self._warn(rel, f"cannot list directory: {e.strerror}")
+            names = []
+        for name, dentry in names:
+            child = _join(rel, name)
+            try:
+                st = dentry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # vanished since the listing: it simply is not there
+            if self.excludes.match(child, st):
+                continue
+            mode = st.st_mode
+            if stat.S_ISSOCK(mode):
+                self._warn(child, "socket skipped (a socket cannot be restored)")
+                continue
+            if stat.S_ISDIR(mode) and st.st_dev != self._root_dev:
+                self._warn(child, "mount point skipped (other file system)")
+                continue
+            s = sig_of(st, self.start_ns)
+            same = s != POISON and prev_sigs.get(name) == s
+            if not stat.S_ISDIR(mode) and st.st_nlink > 1:
+                same = False  # hard-link groups are re-derived every time (cheap, rare)
+            p = self._child(fd, child, name, st, same)
+            if p is None:
+                continue
+            if not stat.S_ISDIR(p.st.st_mode):
+                self._count(p.st)
+            # A file just read is signed by its stat after the read (p.st).
+            sigs[name] = s if p.reuse or s == POISON else sig_of(p.st, self.start_ns)
+            if not p.reuse or p.subtree_changed:
+                unchanged = False
+            pending.append(p)
+            self._report()
+        if cached is not None and unchanged and sigs.keys() == prev_sigs.keys():
+            self.stats.dirs_reused += 1
+            return cached.tree, False
+        entries = self._materialize(rel, fd, cached, pending)
+        tree_id = self.sink.put(encode_tree(entries), ObjectKind.TREE)
+        self.cache_changed[rel] = CachedDir(tree_id, dircache.encode_sigs(sigs))
+        return tree_id, cached is None or tree_id != cached.tree
+
+    def _materialize(
+        self, rel: bytes, fd: int, cached: CachedDir | None, pending: list[_Pending]
+    ) -> list[TreeEntry]:
+        prev: dict[bytes, TreeEntry] = {}
+        if cached is not None and any(p.reuse for p in pending):
+            try:
+                prev = {e.name: e for e in decode_tree(self.read_tree(cached.tree))}
+            except SpriteError:
+                prev = {}  # unreadable old tree: every child below is captured afresh
+        out = []
+        for p in pending:
+            if p.entry is not None:
+                out.append(p.entry)
+                continue
+            old = prev.get(p.name)
+            if old is None or old.kind is not _kind(p.st.st_mode):
+                # The cache vouched for an entry the old tree lacks: capture it for real.
+                if p.subtree is not None:
+                    out.append(self._dir_entry(fd, p.name, p.st, p.subtree))
+                else:
+                    fresh = self._child(fd, _join(rel, p.name), p.name, p.st, False)
+                    if fresh is not None and fresh.entry is not None:
+                        out.append(fresh.entry)
+                continue
+            if p.subtree is not None and p.subtree_changed:
+                old = _with_payload(old, p.subtree)
+            out.append(old)
+        return out
+
+    # -- entries -----------------------------------------------------------------------------
+
+    def _child(
+        self, dirfd: int, rel: bytes, name: bytes, st: os.stat_result, same: bool
+    ) -> _Pending | None:
+        mode = st.st_mode
+        try:
+            if stat.S_ISDIR(mode):
+                try:
+                    cfd = os.open(name, O_DIR, dir_fd=dirfd)
+                except OSError as e:
+                    if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                        return None  # replaced since the listing
+                    raise
+                try:
+                    subtree, changed = self._dir(cfd, rel)
+                    if same:
+                        return _Pending(name, st, subtree=subtree, subtree_changed=changed)
+                    entry = self._dir_entry(dirfd, name, st, subtree, cfd)
+                    return _Pending(name, st, entry, subtree=subtree)
+                finally:
+                    os.close(cfd)
+            if same:
+                return _Pending(name, st)
+            if stat.S_ISREG(mode):
+                return self._file(dirfd, rel, name, st)
+            xattrs = read_xattrs(proc_path(dirfd, name))
+            base = (name, _kind(mode), stat.S_IMODE(mode), st.st_uid, st.st_gid, st.st_mtime_ns)
+            link = self._link_of(st, rel)
+            if stat.S_ISLNK(mode):
+                target = os.readlink(name, dir_fd=dirfd)
+                entry = TreeEntry(
+                    *base,
+                    size=len(target),
+                    nlink=st.st_nlink,
+                    xattrs=xattrs,
+                    link=link,
+                    payload=target,
+                )
+                return _Pending(name, st, entry)
+            rdev = st.st_rdev if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else 0
+            entry = TreeEntry(*base, rdev=rdev, nlink=st.st_nlink, xattrs=xattrs, link=link)
+            return _Pending(name, st, entry)
+        except FileNotFoundError:
+            return None
+        except PermissionError as e:
+            self._warn(rel, f"skipped: {e.strerror}")
+            return None
+
+    def _count(self, st: os.stat_result) -> None:
+        m = st.st_mode
+        if stat.S_ISREG(m):
+            self.stats.files += 1
+            self.stats.bytes += st.st_size
+        elif stat.S_ISLNK(m):
+            self.stats.symlinks += 1
+        elif not stat.S_ISDIR(m):
+            self.stats.specials += 1
+
+    def _dir_entry(
+        self, dirfd: int, name: bytes, st: os.stat_result, subtree: ObjectId, fd: int | None = None
+    ) -> TreeEntry:
+        xattrs = read_xattrs(fd) if fd is not None else read_xattrs(proc_path(dirfd, name))
+        return TreeEntry(
+            name,
+            Kind.DIR,
+            stat.S_IMODE(st.st_mode),
+            st.st_uid,
+            st.st_gid,
+            st.st_mtime_ns,
+            xattrs=xattrs,
+            payload=subtree,
+        )
+
+    def _link_of(self, st: os.stat_result, rel: bytes) -> bytes:
+        """The path of the first member of ``st``'s hard-link group, if it is not ``rel``."""
+        if st.st_nlink < 2:
+            return b""
+        first = self.links.setdefault(st.st_ino, rel)
+        return b"" if first == rel else first
+
+    def _file(self, dirfd: int, rel: bytes, name: bytes, st: os.stat_result) -> _Pending | None:
+        link = self._link_of(st, rel)
+        if st.st_nlink > 1:
+            done = self.link_payload.get(st.st_ino)
+            if done is not None:  # another member of the group was read in this capture
+                return _Pending(name, st, _replace_name(done, name, link))
+        try:
+            fd = os.open(name, _O_FILE, dir_fd=dirfd)
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ELOOP):
+                return None
+            raise
+        try:
+            entry, st_after = self._read_file(fd, rel, name, link)
+        finally:
+            os.close(fd)
+        if entry is None:
+            return None
+        if st.st_nlink > 1:
+            self.link_payload[st.st_ino] = entry
+        return _Pending(name, st_after, entry)
+
+    def _read_file(
+        self, fd: int, rel: bytes, name: bytes, link: bytes
+    ) -> tuple[TreeEntry | None, os.stat_result]:
+        for _attempt in range(READ_ATTEMPTS):
+            before = os.fstat(fd)
+            if not stat.S_ISREG(before.st_mode):
+                return None, before  # replaced by something else since the listing
+            chunks: list[tuple[ObjectId | None, int]] = []
+            total = 0
+            for start, end in data_regions(fd, before.st_size):
+                if start > total:
+                    chunks.append((None, start - total))  # a hole, recorded, never read
+                os.lseek(fd, start, os.SEEK_SET)
+                for chunk in self.chunker.chunks_of_fd(fd, limit=end - start):
+                    chunks.append((self.sink.put(bytes(chunk), ObjectKind.DATA), len(chunk)))
+                    self.stats.bytes_read += len(chunk)
+                total = end
+            if before.st_size > total:
+                chunks.append((None, before.st_size - total))
+                total = before.st_size
+            after = os.fstat(fd)
+            self.stats.files_read += 1
+            if _stable(before, after) and total == after.st_size:
+                break
+        else:
+            self._warn(
+                rel,
+                f"changed while being read ({READ_ATTEMPTS} attempts); the last reading was kept",
+            )
+        payload = encode_chunks(chunks)
+        indirect = len(chunks) > INLINE_CHUNKS
+        if indirect:
+            payload = self.sink.put(payload, ObjectKind.CHUNKLIST)
+        entry = TreeEntry(
+            name,
+            Kind.FILE,
+            stat.S_IMODE(after.st_mode),
+            after.st_uid,
+            after.st_gid,
+            after.st_mtime_ns,
+            size=total,
+            nlink=after.st_nlink,
+            xattrs=read_xattrs(fd),
+            link=link,
+            payload=payload,
+            indirect=indirect,
+        )
+        return entry, after
+
+
+def data_regions(fd: int, size: int) -> list[tuple[int, int]]:
+    """The file's data extents ``[(start, end)]`` up to ``size`` (SEEK_DATA/SEEK_HOLE).
+
+    What lies between them are holes: recorded as such, never read, restored as holes. A
+    file system without hole support reports one region, the whole file.
+    """
+    regions = []
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:
+                break  # only a hole from pos to the end
+            raise
+        if start >= size:
+            break
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        regions.append((start, end))
+        pos = end
+    return regions
+
+
+def _stable(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_size, a.st_mtime_ns, a.st_ctime_ns) == (b.st_size, b.st_mtime_ns, b.st_ctime_ns)
+
+
+def _kind(mode: int) -> Kind:
+    if stat.S_ISREG(mode):
+        return Kind.FILE
+    if stat.S_ISDIR(mode):
+        return Kind.DIR
+    if stat.S_ISLNK(mode):
+        return Kind.SYMLINK
+    if stat.S_ISCHR(mode):
+        return Kind.CHR
+    if stat.S_ISBLK(mode):
+        return Kind.BLK
+    if stat.S_ISFIFO(mode):
+        return Kind.FIFO
+    raise ValueError(f"unsupported file type {stat.S_IFMT(mode):o}")
+
+
+def _with_payload(e: TreeEntry, payload: bytes) -> TreeEntry:
+    return TreeEntry(
+        e.name,
+        e.kind,
+        e.mode,
+        e.uid,
+        e.gid,
+        e.mtime_ns,
+        e.size,
+        e.rdev,
+        e.nlink,
+        e.xattrs,
+        e.link,
+        payload,
+        e.indirect,
+    )
+
+
+def _replace_name(e: TreeEntry, name: bytes, link: bytes) -> TreeEntry:
+    return TreeEntry(
+        name,
+        e.kind,
+        e.mode,
+        e.uid,
+        e.gid,
+        e.mtime_ns,
+        e.size,
+        e.rdev,
+        e.nlink,
+        e.xattrs,
+        link,
+        e.payload,
+        e.indirect,
+    )
+
+
+def capture(
+    root: str | bytes,
+    sink: ObjectSink,
+    read_tree: ReadTree,
+    cache: dict[bytes, CachedDir] | None = None,
+    *,
+    excludes: Excludes | None = None,
+    progress: Progress | None = None,
+    on_warning: OnWarning | None = None,
+) -> CaptureResult:
+    """Captures ``root`` into ``sink``.
+
+    Args:
+        root: the directory to capture.
+        sink: where objects go (a ``StoreWriter``).
+        read_tree: reads a tree object by id (for entries reused from the files cache).
+        cache: the files cache (``dircache.load``); empty means read everything.
+        excludes: paths and directories left out.
+        progress: called with the running counters, at most every 0.1 s.
+        on_warning: called with each warning as it happens.
+
+    Returns:
+        The top tree's id, counters, warnings, and the files-cache rows to write.
+    """
+    return Capturer(
+        os.fsencode(root),
+        sink,
+        read_tree,
+        cache or {},
+        excludes=excludes,
+        progress=progress,
+        on_warning=on_warning,
+    ).run()
+
+
+__all__ = [
+    "CaptureResult",
+    "CaptureStats",
+    "CaptureWarning",
+    "Capturer",
+    "Excludes",
+    "ObjectSink",
+    "capture",
+]

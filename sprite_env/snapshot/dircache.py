@@ -1,0 +1,123 @@
+"""The files cache: per directory, what was last captured or restored there.
+
+One row per directory of the live tree (table ``dircache``, see ``store/catalog.py``):
+the directory's tree id and, for each child, the signature ``(inode, ctime_ns, size,
+mtime_ns)`` it had then. A capture that finds a child with the same signature reuses its
+previous entry without opening it (restic's rule: size, mtime, ctime and inode; st_dev is
+ignored, because it changes across reboots and snapshots of the disk). A directory whose
+own signature and every child's are unchanged, and whose subdirectories all kept their tree
+ids, keeps its tree id without being read or re-encoded.
+
+The racy-timestamp rule (borg 2, bup, git): a timestamp may be coarser than the clock, so
+a file changed twice within one tick keeps the same mtime and ctime. A child whose mtime or
+ctime is within ``RACY_NS`` of the moment its signature is taken is stored with a signature
+that never matches, so the next capture reads it again.
+
+Stat blob format: ``(name_len:u16 name ino:u64 ctime_ns:i64 size:u64 mtime_ns:i64)*``
+sorted by name.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sprite_env.ids import ObjectId
+
+if TYPE_CHECKING:
+    import os
+    import sqlite3
+    from collections.abc import Collection, Iterable
+
+    from sprite_env.store.catalog import Catalog
+
+#: Timestamps this close to the signature time count as changed. Linux timestamps come
+#: from the coarse clock (one tick: 4 ms at HZ=250, 10 ms at HZ=100); 50 ms is a margin.
+RACY_NS = 50_000_000
+_ROW = struct.Struct("<HQqQq")
+Sig = tuple[int, int, int, int]  # ino, ctime_ns, size, mtime_ns
+POISON: Sig = (0, 0, -1, 0)
+
+
+def sig_of(st: os.stat_result, now_ns: int) -> Sig:
+    """The signature of a stat result, poisoned if a timestamp is racy."""
+    if st.st_mtime_ns >= now_ns - RACY_NS or st.st_ctime_ns >= now_ns - RACY_NS:
+        return POISON
+    return (st.st_ino, st.st_ctime_ns, st.st_size, st.st_mtime_ns)
+
+
+def encode_sigs(sigs: dict[bytes, Sig]) -> bytes:
+    out = []
+    for name in sorted(sigs):
+        ino, ctime, size, mtime = sigs[name]
+        out.append(_ROW.pack(len(name), ino, ctime, max(size, 0), mtime) + name)
+    return b"".join(out)
+
+
+def decode_sigs(blob: bytes) -> dict[bytes, Sig]:
+    out: dict[bytes, Sig] = {}
+    off = 0
+    while off < len(blob):
+        nlen, ino, ctime, size, mtime = _ROW.unpack_from(blob, off)
+        off += _ROW.size
+        name = blob[off : off + nlen]
+        off += nlen
+        out[name] = POISON if ino == 0 else (ino, ctime, size, mtime)
+    return out
+
+
+@dataclass(slots=True)
+class CachedDir:
+    tree: ObjectId
+    stat: bytes  # encoded; decoded lazily, only for directories that changed
+
+    def sigs(self) -> dict[bytes, Sig]:
+        return decode_sigs(self.stat)
+
+
+def purge_unreachable(db: sqlite3.Connection, live: Collection[bytes]) -> int:
+    """Drops rows whose tree is not in ``live`` (before a prune removes those trees).
+
+    A row that outlived its tree would make the next capture reuse a tree id the store no
+    longer has, so this must commit before the prune does.
+    """
+    stale = [p for p, t in db.execute("SELECT path, tree FROM dircache") if bytes(t) not in live]
+    db.executemany("DELETE FROM dircache WHERE path=?", ((p,) for p in stale))
+    return len(stale)
+
+
+def load(catalog: Catalog) -> dict[bytes, CachedDir]:
+    """Reads the whole cache (one query: cheaper than one lookup per directory)."""
+    return {
+        bytes(p): CachedDir(ObjectId(bytes(t)), bytes(s))
+        for p, t, s in catalog.query("SELECT path, tree, stat FROM dircache")
+    }
+
+
+def save(
+    db: sqlite3.Connection,
+    changed: dict[bytes, CachedDir],
+    removed: Iterable[bytes] = (),
+    *,
+    removed_trees: Iterable[bytes] = (),
+) -> None:
+    """Writes changed rows inside an open transaction.
+
+    Args:
+        db: the open transaction.
+        changed: rows to insert or replace.
+        removed: directories that are gone (their rows only).
+        removed_trees: directories removed with everything below them.
+    """
+    db.executemany("DELETE FROM dircache WHERE path=?", ((p,) for p in removed))
+    for p in removed_trees:
+        prefix = p + b"/"
+        db.execute(
+            "DELETE FROM dircache WHERE path = ? OR substr(path, 1, ?) = ?",
+            (p, len(prefix), prefix),
+        )
+    db.executemany(
+        "INSERT OR REPLACE INTO dircache(path, tree, stat) VALUES (?,?,?)",
+        ((p, c.tree, c.stat) for p, c in changed.items()),
+    )

@@ -1,0 +1,229 @@
+"""Tree objects: one per directory, a deterministic encoding of its entries.
+
+Format (version 1; little-endian). This docstring is the one place it is described.
+
+::
+
+    tree   := b"SPT1" count:u32 entry*          entries sorted by name (bytes)
+    entry  := name_len:u16 kind:u8 flags:u8 mode:u32 uid:u32 gid:u32 mtime_ns:i64
+              size:u64 rdev:u64 nlink:u32 nxattr:u16 link_len:u16 payload_len:u32
+              name link xattr* payload
+    xattr  := name_len:u16 value_len:u32 name value          sorted by name
+    payload:  FILE: a chunk list, or (flag INDIRECT) the 32-byte id of a CHUNKLIST object
+              DIR: the 32-byte id of its tree; SYMLINK: the target; others: empty
+    chunks := (id:32 length:u32)*      an all-zero id is a hole of that length
+
+- ``mode`` holds the permission bits with setuid/setgid/sticky (``st_mode & 0o7777``);
+  the file type is ``kind``. ``mtime_ns`` is nanoseconds since the epoch.
+- ``link`` is empty, or for the second and later members of a hard-link group (in walk
+  order: depth first, names sorted) the path of the group's first member relative to the
+  capture root. Every member carries the full content, so each entry stands alone; the
+  link is what restore and the FUSE view use to share one inode. Inode numbers are never
+  stored, so a tree's id depends only on what a user can see.
+- A file with more than ``INLINE_CHUNKS`` chunks keeps its chunk list in a CHUNKLIST
+  object of its own, so a directory of large files stays small.
+- The encoding is canonical: equal directories give equal bytes, hence equal tree ids,
+  which lets diff and restore skip equal subtrees without reading them.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import TYPE_CHECKING
+
+from sprite_env.errors import SnapshotError
+from sprite_env.ids import ID_LEN, ObjectId
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
+MAGIC = b"SPT1"
+_HEAD = struct.Struct("<4sI")
+_ENTRY = struct.Struct("<HBBIIIqQQIHHI")
+_XATTR = struct.Struct("<HI")
+_CHUNK = struct.Struct("<32sI")
+HOLE = ObjectId(bytes(ID_LEN))
+#: Files with more chunks than this keep their chunk list in a separate object.
+INLINE_CHUNKS = 32
+FLAG_INDIRECT = 1
+
+
+class Kind(IntEnum):
+    """The type of a tree entry (one byte on disk)."""
+
+    FILE = 1
+    DIR = 2
+    SYMLINK = 3
+    CHR = 4
+    BLK = 5
+    FIFO = 6
+
+
+@dataclass(frozen=True, slots=True)
+class TreeEntry:
+    """One directory entry as captured. Fields not meaningful for a kind are zero/empty."""
+
+    name: bytes
+    kind: Kind
+    mode: int
+    uid: int
+    gid: int
+    mtime_ns: int
+    size: int = 0
+    rdev: int = 0
+    nlink: int = 1
+    xattrs: tuple[tuple[bytes, bytes], ...] = ()
+    link: bytes = b""
+    #: FILE: encoded chunk list (or a CHUNKLIST id if ``indirect``); DIR: tree id;
+    #: SYMLINK: target.
+    payload: bytes = b""
+    indirect: bool = False
+    # The bytes this entry was decoded from: re-encoding an unchanged entry is a copy.
+    # init=False, so dataclasses.replace() never carries stale bytes into a changed entry.
+    _encoded: bytes | None = field(default=None, init=False, compare=False, repr=False)
+
+    @property
+    def subtree(self) -> ObjectId:
+        if self.kind is not Kind.DIR:
+            raise ValueError("not a directory")
+        return ObjectId(self.payload)
+
+    @property
+    def target(self) -> bytes:
+        return self.payload if self.kind is Kind.SYMLINK else b""
+
+    def same_content(self, other: TreeEntry) -> bool:
+        """True if a file's bytes (or a dir's tree, a symlink's target) are the same."""
+        return (
+            self.kind is other.kind
+            and self.payload == other.payload
+            and (self.indirect == other.indirect)
+        )
+
+    def same_meta(self, other: TreeEntry) -> bool:
+        """True if owner, mode, mtime and xattrs are the same."""
+        return (self.mode, self.uid, self.gid, self.mtime_ns, self.xattrs) == (
+            other.mode,
+            other.uid,
+            other.gid,
+            other.mtime_ns,
+            other.xattrs,
+        )
+
+
+def encode_chunks(chunks: Iterable[tuple[ObjectId | None, int]]) -> bytes:
+    """Encodes a chunk list; ``None`` ids are holes."""
+    return b"".join(_CHUNK.pack(oid or HOLE, n) for oid, n in chunks)
+
+
+def decode_chunks(data: bytes) -> list[tuple[ObjectId | None, int]]:
+    """Inverts :func:`encode_chunks`."""
+    if len(data) % _CHUNK.size:
+        raise SnapshotError("corrupt chunk list (length)")
+    out: list[tuple[ObjectId | None, int]] = []
+    for oid, n in _CHUNK.iter_unpack(data):
+        out.append((None if oid == HOLE else ObjectId(oid), n))
+    return out
+
+
+def chunk_count(payload: bytes) -> int:
+    return len(payload) // _CHUNK.size
+
+
+def encode_entry(e: TreeEntry) -> bytes:
+    parts = [
+        _ENTRY.pack(
+            len(e.name),
+            e.kind,
+            FLAG_INDIRECT if e.indirect else 0,
+            e.mode,
+            e.uid,
+            e.gid,
+            e.mtime_ns,
+            e.size,
+            e.rdev,
+            e.nlink,
+            len(e.xattrs),
+            len(e.link),
+            len(e.payload),
+        ),
+        e.name,
+        e.link,
+    ]
+    for k, v in e.xattrs:
+        parts.append(_XATTR.pack(len(k), len(v)))
+        parts.append(k)
+        parts.append(v)
+    parts.append(e.payload)
+    return b"".join(parts)
+
+
+def encode_tree(entries: Iterable[TreeEntry]) -> bytes:
+    """Encodes a directory; entries are sorted by name here, duplicates are refused."""
+    ordered = sorted(entries, key=lambda e: e.name)
+    for a, b in zip(ordered, ordered[1:], strict=False):
+        if a.name == b.name:
+            raise SnapshotError(f"duplicate name in directory: {a.name!r}")
+    body = [e._encoded or encode_entry(e) for e in ordered]
+    return _HEAD.pack(MAGIC, len(ordered)) + b"".join(body)
+
+
+def decode_tree(data: bytes) -> list[TreeEntry]:
+    """Parses a tree object.
+
+    Raises:
+        SnapshotError: the bytes are not a valid tree.
+    """
+    try:
+        return list(_iter_tree(data))
+    except (struct.error, ValueError) as e:
+        raise SnapshotError(f"corrupt tree object: {e}") from None
+
+
+def _iter_tree(data: bytes) -> Iterator[TreeEntry]:
+    magic, count = _HEAD.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise ValueError("bad magic")
+    off = _HEAD.size
+    mv = memoryview(data)
+    for _ in range(count):
+        start = off
+        (nlen, kind, flags, mode, uid, gid, mtime, size, rdev, nlink, nx, llen, plen) = (
+            _ENTRY.unpack_from(data, off)
+        )
+        off += _ENTRY.size
+        name = bytes(mv[off : off + nlen])
+        off += nlen
+        link = bytes(mv[off : off + llen])
+        off += llen
+        xattrs = []
+        for _x in range(nx):
+            kl, vl = _XATTR.unpack_from(data, off)
+            off += _XATTR.size
+            xattrs.append((bytes(mv[off : off + kl]), bytes(mv[off + kl : off + kl + vl])))
+            off += kl + vl
+        payload = bytes(mv[off : off + plen])
+        off += plen
+        if off > len(data):
+            raise ValueError("truncated")
+        entry = TreeEntry(
+            name,
+            Kind(kind),
+            mode,
+            uid,
+            gid,
+            mtime,
+            size,
+            rdev,
+            nlink,
+            tuple(xattrs),
+            link,
+            payload,
+            bool(flags & FLAG_INDIRECT),
+        )
+        object.__setattr__(entry, "_encoded", bytes(mv[start:off]))
+        yield entry
+    if off != len(data):
+        raise ValueError("trailing bytes")

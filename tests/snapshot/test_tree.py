@@ -1,0 +1,104 @@
+"""Tree object encoding: canonical, round-trips, refuses garbage; a golden id pins it."""
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sprite_env.errors import SnapshotError
+from sprite_env.ids import ObjectId
+from sprite_env.snapshot.tree import (
+    Kind,
+    TreeEntry,
+    decode_chunks,
+    decode_tree,
+    encode_chunks,
+    encode_tree,
+)
+from sprite_env.store.codec import object_id
+
+names = st.binary(min_size=1, max_size=40).filter(
+    lambda b: b"/" not in b and b"\0" not in b and b not in (b".", b"..")
+)
+entries = st.builds(
+    TreeEntry,
+    name=names,
+    kind=st.sampled_from(list(Kind)),
+    mode=st.integers(0, 0o7777),
+    uid=st.integers(0, 2**32 - 1),
+    gid=st.integers(0, 2**32 - 1),
+    mtime_ns=st.integers(-(2**63), 2**63 - 1),
+    size=st.integers(0, 2**64 - 1),
+    rdev=st.integers(0, 2**64 - 1),
+    nlink=st.integers(1, 2**32 - 1),
+    xattrs=st.lists(
+        st.tuples(st.binary(min_size=1, max_size=30), st.binary(max_size=100)),
+        max_size=3,
+        unique_by=lambda kv: kv[0],
+    ).map(lambda xs: tuple(sorted(xs))),
+    link=st.binary(max_size=50),
+    payload=st.binary(max_size=200),
+    indirect=st.booleans(),
+)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.lists(entries, max_size=20, unique_by=lambda e: e.name))
+def test_round_trip_and_canonical_order(es: list[TreeEntry]) -> None:
+    data = encode_tree(es)
+    back = decode_tree(data)
+    assert back == sorted(es, key=lambda e: e.name)
+    assert encode_tree(reversed(es)) == data  # order of input does not matter
+    assert encode_tree(back) == data  # re-encoding decoded entries is exact
+
+
+def test_golden_tree_id() -> None:
+    # Pinned forever: a change to the encoding changes every tree id, so every directory
+    # of every existing store would be stored again.
+    es = [
+        TreeEntry(
+            b"a.txt",
+            Kind.FILE,
+            0o644,
+            1000,
+            1000,
+            1_700_000_000_123_456_789,
+            size=5,
+            xattrs=((b"user.k", b"v"),),
+            payload=encode_chunks([(ObjectId(b"\1" * 32), 5)]),
+        ),
+        TreeEntry(b"d", Kind.DIR, 0o755, 0, 0, 42, payload=b"\2" * 32),
+        TreeEntry(b"l", Kind.SYMLINK, 0o777, 0, 0, 7, size=3, payload=b"../"),
+        TreeEntry(b"wh", Kind.CHR, 0, 0, 0, 9),
+    ]
+    assert object_id(encode_tree(es)).hex() == (
+        "aa290d9b4c576b2fb1b54f78968a4682a35e5eff56bd4f99664f1b097e2f5c2a"
+    )
+
+
+def test_replace_drops_cached_encoding() -> None:
+    e = TreeEntry(b"f", Kind.FILE, 0o600, 0, 0, 1)
+    (d,) = decode_tree(encode_tree([e]))
+    changed = dataclasses.replace(d, mode=0o644)
+    assert decode_tree(encode_tree([changed]))[0].mode == 0o644
+
+
+def test_garbage_and_duplicates_are_refused() -> None:
+    with pytest.raises(SnapshotError, match="corrupt tree"):
+        decode_tree(b"nope")
+    data = encode_tree([TreeEntry(b"f", Kind.FILE, 0, 0, 0, 0)])
+    with pytest.raises(SnapshotError, match="corrupt tree"):
+        decode_tree(data[:-3])
+    with pytest.raises(SnapshotError, match="corrupt tree"):
+        decode_tree(data + b"x")
+    e = TreeEntry(b"x", Kind.FILE, 0, 0, 0, 0)
+    with pytest.raises(SnapshotError, match="duplicate"):
+        encode_tree([e, e])
+
+
+def test_chunk_lists_with_holes() -> None:
+    cl = [(ObjectId(b"\7" * 32), 10), (None, 4096), (ObjectId(b"\x08" * 32), 1)]
+    assert decode_chunks(encode_chunks(cl)) == cl
+    with pytest.raises(SnapshotError):
+        decode_chunks(b"\0" * 35)
