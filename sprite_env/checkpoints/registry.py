@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from sprite_env.errors import UserError
 from sprite_env.ids import ObjectId
+from sprite_env.store.pack import ObjectKind
 
 if TYPE_CHECKING:
     import builtins
     import sqlite3
 
+    from sprite_env.store import Store
     from sprite_env.store.catalog import Catalog
 
 MANUAL_RE = re.compile(r"^v(0|[1-9][0-9]{0,17})$")
@@ -206,3 +208,35 @@ def set_meta(db: sqlite3.Connection, key: str, value: str | None) -> None:
 
 def delete(db: sqlite3.Connection, cid: str) -> None:
     db.execute("DELETE FROM checkpoints WHERE id=?", (cid,))
+
+
+def recover(store: Store) -> int:
+    """Re-inserts checkpoint rows from their META records (after ``rebuild``).
+
+    Rows already present are kept; the v-number counter is raised past every recovered
+    one; the files cache is emptied, since the trees it names may be gone. Returns the
+    number of rows recovered.
+    """
+    known = {r[0] for r in store.catalog.query("SELECT id FROM checkpoints")}
+    found: list[Checkpoint] = []
+    for (oid,) in store.catalog.query("SELECT id FROM objects WHERE kind=?", (ObjectKind.META,)):
+        try:
+            d = json.loads(store.read(ObjectId(bytes(oid))))["checkpoint"]
+            d["top_tree"] = ObjectId(bytes.fromhex(d["top_tree"]))
+            cp = Checkpoint(**d, record=ObjectId(bytes(oid)))
+        except (ValueError, KeyError, TypeError):
+            continue
+        if cp.id not in known and store.has(cp.top_tree):
+            found.append(cp)
+    next_seq = int(store.catalog.meta("next_seq", "0") or 0)
+    with store.catalog.transaction() as db:
+        db.execute("DELETE FROM dircache")
+        for cp in found:
+            insert(db, cp)
+            if cp.seq is not None:
+                next_seq = max(next_seq, cp.seq + 1)
+        set_meta(db, "next_seq", str(next_seq))
+        if db.execute("SELECT 1 FROM meta WHERE key='active'").fetchone() is None and found:
+            newest = max(found, key=lambda c: c.create_time_ns)
+            set_meta(db, "active", newest.id)
+    return len(found)

@@ -6,12 +6,16 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from sprite_env.checkpoints.gc import verify as verify_checkpoints
+from sprite_env.checkpoints.registry import recover as recover_checkpoints
+from sprite_env.cli.options import add_common_options
 from sprite_env.cli.progress import progress_bar
 from sprite_env.errors import StoreError
 from sprite_env.store import check, open_store, rebuild, stats
 
 if TYPE_CHECKING:
     import argparse
+import os
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -19,8 +23,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     ssub = p.add_subparsers(dest="store_cmd", required=True, metavar="COMMAND")
 
     def common(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--store", required=True, metavar="DIR", help="the store directory")
-        q.add_argument("--json", action="store_true", help="print JSON")
+        add_common_options(q)
 
     q = ssub.add_parser("init", help="create an empty store")
     common(q)
@@ -37,19 +40,31 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     q.set_defaults(func=cmd_stats)
 
 
+def _store_dir(args: argparse.Namespace) -> str:
+    if args.store:
+        return str(args.store)
+    return os.path.join(args.root, ".sprite", "store")
+
+
 def cmd_init(args: argparse.Namespace) -> int:
-    with open_store(args.store, create=True):
+    with open_store(_store_dir(args), create=True):
         pass
-    print(json.dumps({"store": args.store}) if args.json else f"store ready at {args.store}")
+    print(
+        json.dumps({"store": _store_dir(args)})
+        if args.json
+        else f"store ready at {_store_dir(args)}"
+    )
     return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     with (
-        open_store(args.store, writable=False) as s,
+        open_store(_store_dir(args), writable=False) as s,
         progress_bar("checking packs", enabled=not args.json) as update,
     ):
         report = check(s, read_data=args.read_data, progress=update)
+        reached, errors = verify_checkpoints(s)
+        report.errors.extend(errors)
     if args.json:
         print(
             json.dumps(
@@ -57,6 +72,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                     "ok": report.ok,
                     "packs": report.packs,
                     "objects": report.objects,
+                    "objects_reachable": reached,
                     "bytes_read": report.bytes_read,
                     "errors": report.errors,
                     "warnings": report.warnings,
@@ -75,12 +91,16 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
-    with open_store(args.store, repair=True) as s:
+    with open_store(_store_dir(args), repair=True) as s:
         r = rebuild(s)
+        recovered = recover_checkpoints(s)
     if args.json:
-        print(json.dumps(r.__dict__))
+        print(json.dumps({**r.__dict__, "checkpoints_recovered": recovered}))
     else:
-        print(f"catalog rebuilt: {r.packs} packs, {r.objects} objects")
+        print(
+            f"catalog rebuilt: {r.packs} packs, {r.objects} objects, "
+            f"{recovered} checkpoints recovered"
+        )
         for name in r.damaged_packs:
             print(f"warning: pack {name} is damaged; kept what verified", file=sys.stderr)
     return 0
@@ -95,7 +115,7 @@ def _size(n: float) -> str:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    with open_store(args.store, writable=False) as s:
+    with open_store(_store_dir(args), writable=False) as s:
         st = stats(s)
     if args.json:
         d = dict(st.__dict__)

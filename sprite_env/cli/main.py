@@ -20,7 +20,8 @@ import traceback
 from typing import TYPE_CHECKING
 
 from sprite_env import __version__
-from sprite_env.cli import cmd_demo, cmd_store
+from sprite_env.cli import cmd_checkpoints, cmd_demo, cmd_store
+from sprite_env.cli.options import add_common_options
 from sprite_env.errors import SpriteError
 
 if TYPE_CHECKING:
@@ -38,7 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Checkpoints of a sandbox VM's writable filesystem layer.",
     )
     parser.add_argument("--version", action="version", version=f"sprite-env {__version__}")
+    add_common_options(parser, top=True)
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    cmd_checkpoints.add_parser(sub)
+    cmd_checkpoints.add_restore_parser(sub)
     cmd_store.add_parser(sub)
     cmd_demo.add_parser(sub)
     return parser

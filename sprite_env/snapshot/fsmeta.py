@@ -9,6 +9,7 @@ followed when ``follow_symlinks=False``).
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import stat
@@ -18,6 +19,16 @@ from sprite_env.errors import SnapshotError
 Xattrs = tuple[tuple[bytes, bytes], ...]
 
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def syncfs(fd: int) -> None:
+    """Flushes the file system holding ``fd`` (only that one, unlike ``sync``)."""
+    if _libc.syncfs(fd) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
 
 
 def check_name(name: bytes) -> bytes:

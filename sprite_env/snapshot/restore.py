@@ -33,7 +33,14 @@ from sprite_env.snapshot import dircache
 from sprite_env.snapshot.capture import Excludes
 from sprite_env.snapshot.diff import Change, ReadTree, classify, read_entries, top_entry
 from sprite_env.snapshot.dircache import CachedDir, Sig, sig_of
-from sprite_env.snapshot.fsmeta import O_DIR, apply_meta, check_name, open_dir, proc_path
+from sprite_env.snapshot.fsmeta import (
+    O_DIR,
+    apply_meta,
+    check_name,
+    open_dir,
+    proc_path,
+    syncfs,
+)
 from sprite_env.snapshot.tree import Kind, TreeEntry, decode_chunks
 from sprite_env.store.faults import crashpoint
 
@@ -111,7 +118,7 @@ class Restorer:
                 or (live.subtree != target.subtree)
             ):
                 self._apply_meta_fd(self._root_fd, target)
-            os.sync()  # one flush for the whole restore, instead of one fsync per file
+            syncfs(self._root_fd)  # one flush for the whole restore, not one per file
             if self.refresh_cache:
                 self._refresh_cache()
         finally:

@@ -1,0 +1,66 @@
+"""``sprite-env checkpoints ...`` as a subprocess: output, JSON and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tests.helpers.cli import run_cli
+
+
+def test_full_loop(tmp_path: os.PathLike[str]) -> None:
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    os.mkdir(root)
+    with open(os.path.join(root, "a"), "w") as f:
+        f.write("one")
+
+    def cli(*args: str) -> tuple[int, str, str]:
+        r = run_cli("--root", root, *args)
+        return r.returncode, r.stdout, r.stderr
+
+    code, out, _ = cli("checkpoints", "create", "--comment", "first")
+    assert code == 0
+    assert "Checkpoint v0 created" in out
+    with open(os.path.join(root, "b"), "w") as f:
+        f.write("two")
+    code, out, _ = cli("checkpoints", "create", "--comment", "second", "--json")
+    assert json.loads(out)["id"] == "v1"
+    code, out, _ = cli("checkpoints", "list", "--json")
+    assert [c["id"] for c in json.loads(out)] == ["v1", "v0"]
+    code, out, _ = cli("checkpoints", "list")
+    assert "second" in out
+    assert "v1 *" in out
+    code, out, _ = cli("checkpoints", "info", "v0")
+    assert "Comment:  first" in out
+    code, out, _ = cli("checkpoints", "diff", "v0", "v1")
+    assert "+ b" in out.splitlines()
+    code, out, _ = cli("restore", "v0", "--preview", "--json")
+    assert json.loads(out)["remove"] == 1
+    code, _, err = cli("restore", "v0")  # no terminal, no --yes: refused, nothing done
+    assert code == 2
+    assert "--yes" in err
+    assert os.path.exists(os.path.join(root, "b"))
+    code, out, _ = cli("restore", "v0", "--yes")
+    assert code == 0
+    assert "undo with: sprite-env restore auto-" in out
+    assert not os.path.exists(os.path.join(root, "b"))
+    code, _, err = cli("checkpoints", "delete", "v0")
+    assert code == 2
+    assert "cannot delete active checkpoint" in err
+    code, out, _ = cli("checkpoints", "delete", "v1", "--json")
+    assert code == 0
+    assert json.loads(out)["bytes_freed"] > 0
+    code, _, err = cli("checkpoints", "info", "v7")
+    assert code == 2
+    assert "not found" in err
+    assert "Traceback" not in err
+    code, _, err = cli("checkpoints", "info", "../etc")
+    assert code == 2
+    assert "invalid checkpoint id" in err
+    code, out, _ = cli("store", "check", "--read-data")
+    assert code == 0
+    assert ": ok" in out
+    dest = os.path.join(os.fspath(tmp_path), "export")
+    code, _, _ = cli("checkpoints", "export", "v0", dest)
+    with open(os.path.join(dest, "a")) as f:
+        assert f.read() == "one"
