@@ -26,8 +26,10 @@ import fnmatch
 import os
 import stat
 import sys
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -48,6 +50,9 @@ from sprite_env.store.chunker import Chunker
 from sprite_env.store.pack import ObjectKind
 
 READ_ATTEMPTS = 3
+#: Threads reading files: reads, chunking and hashing release the GIL, and several reads
+#: in flight keep a virtual disk's queue full.
+READERS = 3
 _O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
@@ -123,7 +128,7 @@ def _join(rel: bytes, name: bytes) -> bytes:
 class _Pending:
     """A child of a directory being captured: a fresh entry, or "as before"."""
 
-    __slots__ = ("entry", "name", "st", "subtree", "subtree_changed")
+    __slots__ = ("entry", "future", "name", "st", "subtree", "subtree_changed")
 
     def __init__(
         self,
@@ -132,16 +137,18 @@ class _Pending:
         entry: TreeEntry | None = None,
         subtree: ObjectId | None = None,
         subtree_changed: bool = False,
+        future: Future[tuple[TreeEntry, os.stat_result] | None] | None = None,
     ) -> None:
         self.name = name
         self.st = st
         self.entry = entry  # None: the previous entry, as it was (with ``subtree`` if a dir)
         self.subtree = subtree
         self.subtree_changed = subtree_changed
+        self.future = future  # a file being read on a reader thread; fills entry and st
 
     @property
     def reuse(self) -> bool:
-        return self.entry is None
+        return self.entry is None and self.future is None
 
 
 class Capturer:
@@ -174,6 +181,8 @@ class Capturer:
         self.links: dict[int, bytes] = {}  # inode -> path of the group's first member
         self.link_payload: dict[int, TreeEntry] = {}  # inode -> entry read this capture
         self.start_ns = time.time_ns()
+        self._stats_lock = threading.Lock()  # readers update the read counters
+        self._readers: ThreadPoolExecutor | None = None
         self._last_progress = 0.0
         self._root_dev = 0
 
@@ -183,6 +192,7 @@ class Capturer:
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         old_limit = sys.getrecursionlimit()
         sys.setrecursionlimit(max(old_limit, 20_000))  # one frame per directory level
+        self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="capture-read")
         try:
             st = os.fstat(fd)
             self._root_dev = st.st_dev
@@ -198,6 +208,7 @@ class Capturer:
                 payload=subtree,
             )
         finally:
+            self._readers.shutdown(wait=True, cancel_futures=True)
             sys.setrecursionlimit(old_limit)
             os.close(fd)
         top_id = self.sink.put(encode_tree([top]), ObjectKind.TREE)
@@ -262,16 +273,27 @@ class Capturer:
             if not stat.S_ISDIR(mode) and st.st_nlink > 1:
                 same = False  # hard-link groups are re-derived every time (cheap, rare)
             p = self._child(fd, child, name, st, same)
-            if p is None:
-                continue
+            if p is not None:
+                pending.append(p)
+                sigs[name] = s
+            self._report()
+        kept = []
+        for p in pending:
+            if p.future is not None:  # wait for the reader threads (in walk order)
+                done = p.future.result()
+                p.future = None
+                if done is None:
+                    del sigs[p.name]  # gone or retyped while we looked
+                    continue
+                p.entry, p.st = done
+                if sigs[p.name] != POISON:  # signed by its stat after the read
+                    sigs[p.name] = sig_of(p.st, self.start_ns)
             if not stat.S_ISDIR(p.st.st_mode):
                 self._count(p.st)
-            # A file just read is signed by its stat after the read (p.st).
-            sigs[name] = s if p.reuse or s == POISON else sig_of(p.st, self.start_ns)
             if not p.reuse or p.subtree_changed:
                 unchanged = False
-            pending.append(p)
-            self._report()
+            kept.append(p)
+        pending = kept
         if cached is not None and unchanged and sigs.keys() == prev_sigs.keys():
             self.stats.dirs_reused += 1
             return cached.tree, False
@@ -301,6 +323,9 @@ class Capturer:
                     out.append(self._dir_entry(fd, p.name, p.st, p.subtree))
                 else:
                     fresh = self._child(fd, _join(rel, p.name), p.name, p.st, False)
+                    if fresh is not None and fresh.future is not None:
+                        done = fresh.future.result()
+                        fresh.entry = done[0] if done is not None else None
                     if fresh is not None and fresh.entry is not None:
                         out.append(fresh.entry)
                 continue
@@ -334,7 +359,13 @@ class Capturer:
             if same:
                 return _Pending(name, st)
             if stat.S_ISREG(mode):
-                return self._file(dirfd, rel, name, st)
+                link = self._link_of(st, rel)  # decided here, in walk order
+                done = self.link_payload.get(st.st_ino) if st.st_nlink > 1 else None
+                if done is not None:  # another member of the group was read already
+                    return _Pending(name, st, _replace_name(done, name, link))
+                assert self._readers is not None
+                fut = self._readers.submit(self._file, dirfd, rel, name, st, link)
+                return _Pending(name, st, future=fut)
             xattrs = read_xattrs(proc_path(dirfd, name))
             base = (name, _kind(mode), stat.S_IMODE(mode), st.st_uid, st.st_gid, st.st_mtime_ns)
             link = self._link_of(st, rel)
@@ -390,16 +421,17 @@ class Capturer:
         first = self.links.setdefault(st.st_ino, rel)
         return b"" if first == rel else first
 
-    def _file(self, dirfd: int, rel: bytes, name: bytes, st: os.stat_result) -> _Pending | None:
-        link = self._link_of(st, rel)
-        if st.st_nlink > 1:
-            done = self.link_payload.get(st.st_ino)
-            if done is not None:  # another member of the group was read in this capture
-                return _Pending(name, st, _replace_name(done, name, link))
+    def _file(
+        self, dirfd: int, rel: bytes, name: bytes, st: os.stat_result, link: bytes
+    ) -> tuple[TreeEntry, os.stat_result] | None:
+        """Reads one regular file (on a reader thread); None if it is gone."""
         try:
             fd = os.open(name, _O_FILE, dir_fd=dirfd)
         except OSError as e:
             if e.errno in (errno.ENOENT, errno.ELOOP):
+                return None
+            if e.errno in (errno.EACCES, errno.EPERM):
+                self._warn(rel, f"skipped: {e.strerror}")
                 return None
             raise
         try:
@@ -410,7 +442,7 @@ class Capturer:
             return None
         if st.st_nlink > 1:
             self.link_payload[st.st_ino] = entry
-        return _Pending(name, st_after, entry)
+        return entry, st_after
 
     def _read_file(
         self, fd: int, rel: bytes, name: bytes, link: bytes
@@ -427,13 +459,15 @@ class Capturer:
                 os.lseek(fd, start, os.SEEK_SET)
                 for chunk in self.chunker.chunks_of_fd(fd, limit=end - start):
                     chunks.append((self.sink.put(bytes(chunk), ObjectKind.DATA), len(chunk)))
-                    self.stats.bytes_read += len(chunk)
+                    with self._stats_lock:
+                        self.stats.bytes_read += len(chunk)
                 total = end
             if before.st_size > total:
                 chunks.append((None, before.st_size - total))
                 total = before.st_size
             after = os.fstat(fd)
-            self.stats.files_read += 1
+            with self._stats_lock:
+                self.stats.files_read += 1
             if _stable(before, after) and total == after.st_size:
                 break
         else:

@@ -102,8 +102,9 @@ def test_unchanged_capture_reads_nothing_and_keeps_tree_ids(engine: Engine, root
     v1 = engine.create(progress=lambda phase, s: stats.append(s))
     assert v1.top_tree == v0.top_tree
     last = stats[-1]
-    # hard-link groups are re-read on purpose (their grouping is re-derived), nothing else
-    assert last.files_read <= 3  # type: ignore[attr-defined]
+    # Re-read on purpose: the 5 hard-linked files (groups are re-derived each time) and
+    # times/2100, whose mtime lies in the future and so is always "racy". Nothing else.
+    assert last.files_read <= 6  # type: ignore[attr-defined]
     assert last.dirs_reused >= last.dirs - 8  # type: ignore[attr-defined]
 
 

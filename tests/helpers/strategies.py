@@ -25,8 +25,9 @@ if TYPE_CHECKING:
 NAME_ALPHABET = b"abcxyzABC019._-~ '\"\\*?$:\n\t\x01\x7f\x80\xc3\xa9\xfe\xff"
 #: uids/gids: the usual ones, plus anything up to 2**32 - 2 (2**32 - 1 means "unchanged").
 IDS = st.sampled_from([0, 1, 1000, 65534]) | st.integers(0, 2**32 - 2)
-#: ext4 with 256-byte inodes holds 1901-12-13 .. 2446-05-10; stay well inside.
-MTIMES = st.integers(-(2**31) * 10**9, 2**33 * 10**9) | st.sampled_from(
+#: ext4 (256-byte inodes) holds -2**31 s .. 15032385535 s (1901-12-13 .. 2446-05-10) but
+#: clamps times beyond and drops the nanoseconds of the very first second; stay inside.
+MTIMES = st.integers(-(2**31 - 1) * 10**9, 2**33 * 10**9) | st.sampled_from(
     [0, 1_700_000_000_123_456_789, 1_600_000_000_000_000_000]
 )
 MODES = st.integers(0, 0o7777) | st.sampled_from([0o644, 0o755, 0o600, 0o4755, 0o2755, 0o1777])
@@ -34,11 +35,26 @@ MODES = st.integers(0, 0o7777) | st.sampled_from([0o644, 0o755, 0o600, 0o4755, 0
 _KINDS = ["file", "file", "file", "dir", "dir", "symlink", "hardlink", "fifo", "dev", "sparse"]
 
 
-def names() -> st.SearchStrategy[bytes]:
-    """One path component: never ``/`` or NUL, never ``.`` or ``..``; 1..16 bytes, rarely 255."""
-    short = st.lists(st.sampled_from(list(NAME_ALPHABET)), min_size=1, max_size=16).map(bytes)
-    long_ = st.builds(lambda c: bytes([c]) * 255, st.sampled_from(list(b"Lx\xff")))
-    return (short | long_).filter(lambda n: n not in (b".", b".."))
+# One draw of raw bytes mapped onto the alphabet: much cheaper than a list of sampled bytes.
+_SHORT_NAMES = st.binary(min_size=1, max_size=16).map(
+    lambda raw: bytes(NAME_ALPHABET[b % len(NAME_ALPHABET)] for b in raw)
+)
+_LONG_NAMES = st.sampled_from([b"L" * 255, b"\xff" * 255, b"x" * 254 + b"\xc3"])
+_ONE_IN_16 = st.integers(0, 15)
+
+
+def _draw_name(draw: st.DrawFn) -> bytes:
+    while True:
+        name = draw(_LONG_NAMES if draw(_ONE_IN_16) == 0 else _SHORT_NAMES)
+        if name not in (b".", b".."):
+            return name
+
+
+@st.composite
+def names(draw: st.DrawFn) -> bytes:
+    """One path component: never ``/`` or NUL, never ``.`` or ``..``; 1..16 bytes, or
+    (one time in 16) the maximum of 255."""
+    return _draw_name(draw)
 
 
 def xattr_dicts(*, user: bool) -> st.SearchStrategy[dict[bytes, bytes]]:
@@ -52,11 +68,17 @@ def xattr_dicts(*, user: bool) -> st.SearchStrategy[dict[bytes, bytes]]:
     return st.dictionaries(key, st.binary(max_size=64), max_size=3)
 
 
+_XATTRS = {True: xattr_dicts(user=True), False: xattr_dicts(user=False)}
+_TARGETS = st.binary(min_size=1, max_size=80).map(lambda b: b.replace(b"\0", b"/"))
+_SMALL_CONTENT = st.binary(max_size=300)
+_SEEDS = st.integers(0, 2**32)
+
+
 def _random_bytes(draw: st.DrawFn, lo: int, hi: int) -> bytes:
     """Incompressible bytes of a drawn size (from a drawn seed, so they shrink cheaply and
     never contain a page of zeros, which a sparse-aware copy would turn into a hole)."""
     size = draw(st.integers(lo, hi))
-    seed = draw(st.integers(0, 2**32))
+    seed = draw(_SEEDS)
     return random.Random(seed).randbytes(size)
 
 
@@ -84,8 +106,8 @@ def trees(
     if draw(st.booleans()):
         spec[b"."] = Dir(mode=draw(MODES), uid=draw(IDS), gid=draw(IDS), mtime_ns=draw(MTIMES))
     for _ in range(n):
-        parent = draw(st.sampled_from(dirs))
-        path = parent + draw(names())
+        parent = dirs[draw(st.integers(0, len(dirs) - 1))]
+        path = parent + _draw_name(draw)
         if path in taken or len(path) > 3000:
             continue
         kind = draw(st.sampled_from(kinds))
@@ -96,11 +118,9 @@ def trees(
             node = HardLink(draw(st.sampled_from(files)))
         else:
             uid, gid, mtime_ns = draw(IDS), draw(IDS), draw(MTIMES)
-            xattrs = draw(xattr_dicts(user=kind in ("file", "dir", "sparse")))
+            xattrs = draw(_XATTRS[kind in ("file", "dir", "sparse")])
             if kind == "symlink":
-                target = draw(
-                    st.binary(min_size=1, max_size=80).map(lambda b: b.replace(b"\0", b"/"))
-                )
+                target = draw(_TARGETS)
                 node = Symlink(target, uid=uid, gid=gid, mtime_ns=mtime_ns, xattrs=xattrs)
             else:
                 mode = draw(MODES)
@@ -109,7 +129,7 @@ def trees(
                     if draw(st.integers(0, 9)) == 0:
                         content = _random_bytes(draw, 4096, 200_000)
                     else:
-                        content = draw(st.binary(max_size=300))
+                        content = draw(_SMALL_CONTENT)
                     node = File(
                         content, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns, xattrs=xattrs
                     )

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 import blake3
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Iterable
 
 # --------------------------------------------------------------------------------------------
 # Snapshots
@@ -92,8 +92,9 @@ def snapshot_tree(root: PathArg, *, ignore: Iterable[str | bytes] = ()) -> Snaps
     """Records the facts of ``root`` and everything below it, without following symlinks.
 
     Keys are paths relative to ``root`` (bytes; the root itself is ``b"."``). ``ignore`` lists
-    relative paths whose whole subtree is left out. Directories on another file system than
-    ``root`` (mount points) are recorded but not descended into.
+    relative paths whose whole subtree is left out. A mount point (a directory on another file
+    system than ``root``) is recorded, with the facts of the mounted root, but not descended
+    into.
     """
     top = os.fsencode(root)
     skip = {_norm_rel(p) for p in ignore}
@@ -101,7 +102,6 @@ def snapshot_tree(root: PathArg, *, ignore: Iterable[str | bytes] = ()) -> Snaps
     if not stat.S_ISDIR(st.st_mode):
         raise NotADirectoryError(errno.ENOTDIR, "snapshot root is not a directory", root)
     inodes: dict[tuple[int, int], list[bytes]] = defaultdict(list)
-    stats: dict[bytes, os.stat_result] = {b".": st}
     facts: dict[bytes, EntryFacts] = {b".": _facts(top, st)}
     stack: list[tuple[bytes, bytes]] = [(top, b"")]
     while stack:
@@ -110,11 +110,10 @@ def snapshot_tree(root: PathArg, *, ignore: Iterable[str | bytes] = ()) -> Snaps
             entries = list(it)
         for entry in entries:
             rel = reldir + entry.name
-            if _is_under(rel, skip):
+            if rel in skip:  # (and so is everything below it)
                 continue
             path = os.path.join(dirpath, entry.name)
             est = os.lstat(path)
-            stats[rel] = est
             facts[rel] = _facts(path, est)
             if stat.S_ISDIR(est.st_mode):
                 if est.st_dev == st.st_dev:
@@ -367,7 +366,7 @@ def _holes_match(fa: EntryFacts, fb: EntryFacts, mode: Literal[True, "exact", "k
 
 
 @dataclass(frozen=True, kw_only=True, repr=False)
-class _Meta:
+class Inode:
     """Metadata shared by all nodes but HardLink. ``mode`` is the permission bits (07777);
     None keeps the node type's default. ``mtime_ns`` None leaves the time of creation."""
 
@@ -408,12 +407,12 @@ def _abbrev(value: object) -> str:
 
 
 @dataclass(frozen=True, repr=False)
-class File(_Meta):
+class File(Inode):
     content: bytes = b""
 
 
 @dataclass(frozen=True, repr=False)
-class Sparse(_Meta):
+class Sparse(Inode):
     """A file of ``size`` bytes that is a hole except for ``data`` (offset -> bytes)."""
 
     size: int = 0
@@ -421,19 +420,19 @@ class Sparse(_Meta):
 
 
 @dataclass(frozen=True, repr=False)
-class Dir(_Meta):
+class Dir(Inode):
     pass
 
 
 @dataclass(frozen=True, repr=False)
-class Symlink(_Meta):
+class Symlink(Inode):
     """A symlink (its ``mode`` is always 0777 on Linux and must stay None)."""
 
     target: bytes | str = b""
 
 
 @dataclass(frozen=True, repr=False)
-class CharDev(_Meta):
+class CharDev(Inode):
     """A character device; ``CharDev(0, 0)`` is an overlayfs whiteout."""
 
     major: int = 0
@@ -441,18 +440,18 @@ class CharDev(_Meta):
 
 
 @dataclass(frozen=True, repr=False)
-class BlockDev(_Meta):
+class BlockDev(Inode):
     major: int = 0
     minor: int = 0
 
 
 @dataclass(frozen=True, repr=False)
-class Fifo(_Meta):
+class Fifo(Inode):
     pass
 
 
 @dataclass(frozen=True, repr=False)
-class Socket(_Meta):
+class Socket(Inode):
     """A unix socket file (made by binding a socket, which is then closed)."""
 
 
@@ -464,8 +463,8 @@ class HardLink:
     path: str | bytes | None = field(default=None, kw_only=True)
 
 
-Node: TypeAlias = "File | Sparse | Dir | Symlink | CharDev | BlockDev | Fifo | Socket | HardLink"
-Spec: TypeAlias = "Mapping[str, Node] | Mapping[bytes, Node] | Iterable[Node]"
+Node: TypeAlias = "Inode | HardLink"  #: File, Sparse, Dir, Symlink, CharDev, ... or HardLink
+Spec: TypeAlias = "Mapping[Any, Node] | Iterable[Node]"  #: keys: str or bytes paths
 
 _DEFAULT_MODE: dict[type, int] = {
     File: 0o644,
@@ -511,7 +510,7 @@ def normalize_spec(spec: Spec) -> dict[bytes, Node]:
             raise ValueError("the root ('.') can only be a Dir")
         if isinstance(node, Symlink) and node.mode is not None:
             raise ValueError(f"a symlink has no mode of its own: {raw!r}")
-        if isinstance(node, _Meta) and node.mode is not None and node.mode & ~0o7777:
+        if isinstance(node, Inode) and node.mode is not None and node.mode & ~0o7777:
             raise ValueError(f"mode holds only permission bits (07777): {raw!r}")
         out[path] = node
     for path, node in out.items():
@@ -533,7 +532,7 @@ def hard_link_target(spec: Mapping[bytes, Node], path: bytes) -> bytes:
     return _norm_rel(node.target) if isinstance(node, HardLink) else path
 
 
-def expected_mode(node: File | Sparse | Dir | Symlink | CharDev | BlockDev | Fifo | Socket) -> int:
+def expected_mode(node: Inode) -> int:
     """The full ``st_mode`` the builder gives a (non-HardLink) node."""
     perm = _DEFAULT_MODE[type(node)] if node.mode is None else node.mode
     return _TYPE_BITS[type(node)] | perm
@@ -628,9 +627,7 @@ def _make_socket(path: bytes) -> None:
         os.close(dfd)
 
 
-def _apply_meta(
-    path: bytes, node: File | Sparse | Dir | Symlink | CharDev | BlockDev | Fifo | Socket
-) -> None:
+def _apply_meta(path: bytes, node: Inode) -> None:
     os.chown(path, node.uid, node.gid, follow_symlinks=False)
     if not isinstance(node, Symlink):
         os.chmod(path, expected_mode(node) & 0o7777)
@@ -730,6 +727,8 @@ CAP_NET_BIND_SERVICE = b"\x01\x00\x00\x02\x00\x04\x00\x00" + bytes(12)
 #: A nanosecond timestamp with all nine sub-second digits set (2023-11-14).
 T0 = 1_700_000_000_123_456_789
 DEEP_LEVELS = 60
+#: Where ``sample_spec(socket=True)`` puts its unix socket.
+SOCKET_PATH = b"run/app.sock"
 
 
 def _rand(seed: int, n: int) -> bytes:
@@ -740,8 +739,8 @@ def sample_spec(*, socket: bool = False) -> dict[bytes, Node]:
     """A normalized spec that exercises every feature the engine must round-trip.
 
     Every node (parents included) has an explicit, distinct nanosecond mtime. With
-    ``socket=True`` it also holds a unix socket at ``run/app.sock`` (which a capture is expected
-    to skip with a warning, as sockets cannot be restored).
+    ``socket=True`` it also holds a unix socket at SOCKET_PATH (``run/app.sock``), which a
+    capture is expected to skip with a warning, as sockets cannot be restored.
     """
     deep = "/".join(["deep"] + ["d"] * DEEP_LEVELS)
     spec: dict[str | bytes, Node] = {
@@ -834,7 +833,7 @@ def sample_spec(*, socket: bool = False) -> dict[bytes, Node]:
         "times/whole-second": File(b"s", mtime_ns=1_600_000_000_000_000_000),
     }
     if socket:
-        spec["run/app.sock"] = Socket(mode=0o777)
+        spec[SOCKET_PATH] = Socket(mode=0o777)
     nodes = normalize_spec(spec)
     # Make every implicit parent explicit and give every node a distinct ns mtime.
     for path in list(nodes):
@@ -845,18 +844,7 @@ def sample_spec(*, socket: bool = False) -> dict[bytes, Node]:
     out: dict[bytes, Node] = {}
     for i, path in enumerate(sorted(nodes)):
         node = nodes[path]
-        if isinstance(node, _Meta) and node.mtime_ns is None:
+        if isinstance(node, Inode) and node.mtime_ns is None:
             node = dataclasses.replace(node, mtime_ns=T0 + i * 1_000_003)
         out[path] = node
     return out
-
-
-def iter_paths(spec: Mapping[bytes, Node]) -> Iterator[bytes]:
-    """All paths a built spec occupies: its own and the implicit parents (root excluded)."""
-    seen: set[bytes] = set()
-    for path in spec:
-        p = path
-        while p and p != b"." and p not in seen:
-            seen.add(p)
-            yield p
-            p = p.rpartition(b"/")[0]
