@@ -24,8 +24,10 @@ import errno
 import itertools
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from sprite_env.ids import ObjectId
@@ -46,6 +48,8 @@ from sprite_env.store.faults import crashpoint
 
 ReadObject = Callable[[ObjectId], bytes]
 _TMP_PREFIX = b".sprite-restore."
+#: Threads writing files: decompression and writes release the GIL.
+WRITERS = 4
 _FILE_TYPE = {
     Kind.FILE: stat.S_IFREG,
     Kind.DIR: stat.S_IFDIR,
@@ -103,9 +107,13 @@ class Restorer:
         self._root_fd = -1
         self._root_dev = 0
         self._last_progress = 0.0
+        self._lock = threading.Lock()  # counters updated by writer threads
+        self._writers: ThreadPoolExecutor | None = None
+        self._inflight: set[Future[None]] = set()
 
     def run(self, live_top: ObjectId | None, target_top: ObjectId) -> RestoreResult:
         self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="restore-write")
         try:
             self._root_dev = os.fstat(self._root_fd).st_dev
             target = top_entry(self.read_tree, target_top)
@@ -122,6 +130,7 @@ class Restorer:
             if self.refresh_cache:
                 self._refresh_cache()
         finally:
+            self._writers.shutdown(wait=True, cancel_futures=True)
             os.close(self._root_fd)
         self._report(force=True)
         return self.result
@@ -139,6 +148,21 @@ class Restorer:
     def _sync_dir(self, fd: int, rel: bytes, live: ObjectId | None, target: ObjectId) -> None:
         a = read_entries(self.read_tree, live)
         b = read_entries(self.read_tree, target)
+        writes: list[Future[None]] = []  # this directory's files being written
+        try:
+            self._sync_entries(fd, rel, a, b, writes)
+        finally:
+            _wait_all(writes)  # before the caller sets this directory's mtime
+        self._synced.append((rel, target))
+
+    def _sync_entries(
+        self,
+        fd: int,
+        rel: bytes,
+        a: dict[bytes, TreeEntry],
+        b: dict[bytes, TreeEntry],
+        writes: list[Future[None]],
+    ) -> None:
         for name in sorted(a.keys() | b.keys()):
             check_name(name)
             old, new = a.get(name), b.get(name)
@@ -152,7 +176,7 @@ class Restorer:
                 or change is Change.MODIFIED
                 or (new.kind is not Kind.DIR and old.link != new.link)
             ):
-                self._create(fd, name, path, new, replace=old is not None)
+                self._create(fd, name, path, new, writes)
                 if old is None:
                     self.stats.created += 1
                 else:
@@ -175,7 +199,6 @@ class Restorer:
                 self._apply_meta_at(fd, name, new)
                 self.stats.meta += 1
             self._report()
-        self._synced.append((rel, target))
 
     def _open_dir(self, fd: int, name: bytes) -> int:
         return open_dir(fd, name)
@@ -185,10 +208,35 @@ class Restorer:
     def _tmp_name(self) -> bytes:
         return _TMP_PREFIX + b"%d.%d" % (os.getpid(), next(self._tmp))
 
-    def _create(self, fd: int, name: bytes, path: bytes, e: TreeEntry, *, replace: bool) -> None:
+    def _create(
+        self, fd: int, name: bytes, path: bytes, e: TreeEntry, writes: list[Future[None]]
+    ) -> None:
         if e.kind is Kind.DIR:
             self._create_dir(fd, name, path, e)
             return
+        if e.kind is Kind.FILE and not e.link:
+            # Reading, decompressing and writing a file's chunks runs on a writer thread.
+            assert self._writers is not None
+            fut = self._writers.submit(self._place, fd, name, path, e)
+            with self._lock:
+                self._inflight.add(fut)
+            fut.add_done_callback(self._landed)
+            writes.append(fut)
+            return
+        if e.link:
+            # The group's first member may still be being written, in this directory or in
+            # one above it: wait for every write in flight (errors surface where submitted).
+            with self._lock:
+                inflight = list(self._inflight)
+            wait(inflight)
+        self._place(fd, name, path, e)
+
+    def _landed(self, fut: Future[None]) -> None:
+        with self._lock:
+            self._inflight.discard(fut)
+
+    def _place(self, fd: int, name: bytes, path: bytes, e: TreeEntry) -> None:
+        """Creates the entry under a temporary name, then renames it over ``name``."""
         tmp = self._tmp_name()
         try:
             if e.link and self._link_from(fd, tmp, e.link, e.kind):
@@ -258,7 +306,8 @@ class Restorer:
                     k = os.pwrite(out, view, pos)
                     view = view[k:]
                     pos += k
-                self.stats.bytes_written += n
+                with self._lock:
+                    self.stats.bytes_written += n
             os.ftruncate(out, pos)
             apply_meta(fd, tmp, stat.S_IFREG, e.mode, e.uid, e.gid, e.mtime_ns, e.xattrs, fd=out)
         finally:
@@ -361,6 +410,19 @@ class Restorer:
                 os.close(fd)
             fd = nfd
         return fd
+
+
+def _wait_all(futures: list[Future[None]]) -> None:
+    """Waits for every future, then raises the first error (after all have finished)."""
+    first: BaseException | None = None
+    for f in futures:
+        try:
+            f.result()
+        except Exception as e:
+            first = first or e
+    futures.clear()
+    if first is not None:
+        raise first
 
 
 def restore(

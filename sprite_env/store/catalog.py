@@ -125,7 +125,9 @@ class Catalog:
 
     def __init__(self, path: str, *, readonly: bool = False) -> None:
         self.path = path
-        uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
+        self._uri = uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
         try:
             self._db = sqlite3.connect(
                 uri, uri=True, check_same_thread=False, isolation_level=None, timeout=30
@@ -148,7 +150,23 @@ class Catalog:
             )
 
     def close(self) -> None:
+        with self._lock:
+            for db in self._readers:
+                db.close()
+            self._readers.clear()
         self._db.close()
+
+    def _reader(self) -> sqlite3.Connection:
+        """This thread's own read connection: lookups from several threads run in
+        parallel (WAL lets readers proceed side by side), never behind the writer's lock.
+        They see committed rows only, which is all a lookup needs."""
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self._uri, uri=True, check_same_thread=False, timeout=30)
+            self._local.db = db
+            with self._lock:
+                self._readers.append(db)
+        return db
 
     def schema_version(self) -> int:
         return int(self._db.execute("PRAGMA user_version").fetchone()[0])
@@ -171,26 +189,27 @@ class Catalog:
     # -- objects -----------------------------------------------------------------------
 
     def has(self, oid: ObjectId) -> bool:
-        with self._lock:
-            row = self._db.execute("SELECT 1 FROM objects WHERE id=?", (oid,)).fetchone()
+        row = self._reader().execute("SELECT 1 FROM objects WHERE id=?", (oid,)).fetchone()
         return row is not None
 
     def locate(self, oid: ObjectId) -> Located | None:
-        with self._lock:
-            row = self._db.execute(
+        row = (
+            self._reader()
+            .execute(
                 "SELECT pack, offset, stored_len, raw_len, kind, codec FROM objects WHERE id=?",
                 (oid,),
-            ).fetchone()
-            if row is None:
-                return None
-            pack_id, off, slen, rlen, kind, codec = row
-            name = self._pack_name(pack_id)
-        return Located(name, Entry(oid, off, slen, rlen, kind, codec))
+            )
+            .fetchone()
+        )
+        if row is None:
+            return None
+        pack_id, off, slen, rlen, kind, codec = row
+        return Located(self._pack_name(pack_id), Entry(oid, off, slen, rlen, kind, codec))
 
     def _pack_name(self, pack_id: int) -> PackName:
         name = self._pack_names.get(pack_id)
         if name is None:
-            r = self._db.execute("SELECT name FROM packs WHERE id=?", (pack_id,)).fetchone()
+            r = self._reader().execute("SELECT name FROM packs WHERE id=?", (pack_id,)).fetchone()
             if r is None:
                 raise StoreError(f"catalog refers to unknown pack row {pack_id}")
             name = self._pack_names[pack_id] = PackName(r[0])

@@ -192,3 +192,25 @@ def test_names_that_are_not_utf8_and_255_bytes(engine: Engine, root: str) -> Non
         os.unlink(os.path.join(os.fsencode(root), n))
     engine.restore("v0")
     trees.assert_trees_equal(before, root)
+
+
+def test_hard_link_into_a_subdirectory_of_a_big_file(
+    engine: Engine, root: str, tmp_path: os.PathLike[str]
+) -> None:
+    # The group's first member is written on a writer thread while the walk goes on into
+    # a subdirectory holding the second name (a race hypothesis found once).
+    trees.build_tree(
+        root,
+        {
+            "d/a-big": trees.File(os.urandom(8 << 20)),
+            "d/z/link": trees.HardLink("d/a-big"),
+            "d/z/other": trees.File(b"x"),
+        },
+    )
+    before = trees.snapshot_tree(root)
+    engine.create()
+    for i in range(3):
+        dest = os.path.join(os.fspath(tmp_path), f"out{i}")
+        os.mkdir(dest)
+        engine.export("v0", dest)
+        trees.assert_trees_equal(before, dest)
