@@ -1,8 +1,9 @@
-"""The built-in demo: a sample tree stored, changed, stored again, read back and checked.
+"""The built-in demo: checkpoints of a sample layer, a change, a diff, a restore, a check.
 
-Run with ``sprite-env demo``. It works in a temporary directory (or ``--dir``) and proves
-on real files what the store promises: byte-exact read-back, incremental storage (the
-second pass stores only what changed), holes for zero runs, and a clean ``check``.
+Run with ``sprite-env demo``. It works in a temporary directory (or ``--dir``) and shows on
+real files what the engine promises: a second checkpoint stores only what changed, a diff
+names the changes, a restore brings the layer back exactly (and can itself be undone), and
+``store check`` finds every object every checkpoint needs.
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ import random
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from sprite_env.snapshot.filedata import ChunkRef, read_chunks, store_file
-from sprite_env.store import check, open_store, stats
-from sprite_env.store.chunker import Chunker
+from sprite_env.checkpoints import Engine
+from sprite_env.checkpoints.gc import verify as verify_checkpoints
+from sprite_env.store import check, stats
 
 Say = Callable[[str], None]
 
@@ -60,37 +60,19 @@ def mutate_sample_tree(root: str) -> None:
         fh.write(b"99999999 INFO demo appended a line\n" * 100)
 
 
-def _files(root: str) -> list[str]:
-    out: list[str] = []
-    for dirpath, _dirs, files in os.walk(root):
-        out.extend(os.path.join(dirpath, f) for f in files)
-    return sorted(out)
-
-
-@dataclass
-class PassResult:
-    files: dict[str, list[ChunkRef]]
-    bytes_in: int
-    bytes_new: int
-    bytes_stored: int
-    seconds: float
-
-
-def _store_tree(store_dir: str, root: str) -> PassResult:
-    chunker = Chunker()
-    t0 = time.perf_counter()
-    with open_store(store_dir, create=True) as s, s.writer() as w:
-        files = {p: store_file(p, w, chunker) for p in _files(root)}
-        w.commit()
-        st = w.stats
-    return PassResult(
-        files, st.bytes_offered, st.bytes_new, st.bytes_stored, time.perf_counter() - t0
-    )
-
-
-def _sha(path: str) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
+def _digest_tree(root: str) -> dict[str, tuple[int, int, str]]:
+    """(mode, mtime_ns, sha256) of every file and directory, to compare trees."""
+    out: dict[str, tuple[int, int, str]] = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            digest = ""
+            if os.path.isfile(p) and not os.path.islink(p):
+                with open(p, "rb") as fh:
+                    digest = hashlib.file_digest(fh, "sha256").hexdigest()
+            out[os.path.relpath(p, root)] = (st.st_mode, st.st_mtime_ns, digest)
+    return out
 
 
 def run_demo(workdir: str | None = None, say: Say = print) -> bool:
@@ -99,44 +81,58 @@ def run_demo(workdir: str | None = None, say: Say = print) -> bool:
         base = workdir or tmp
         root, store_dir = os.path.join(base, "layer"), os.path.join(base, "store")
         os.makedirs(root, exist_ok=True)
-        say(f"1. building a sample tree in {root}")
-        build_sample_tree(root)
-        first = _store_tree(store_dir, root)
         mib = 1 << 20
-        say(
-            f"2. stored {len(first.files)} files, {first.bytes_in / mib:.1f} MiB read, "
-            f"{first.bytes_new / mib:.1f} MiB unique, {first.bytes_stored / mib:.1f} MiB "
-            f"in packs, in {first.seconds:.2f} s"
-        )
-        mutate_sample_tree(root)
-        second = _store_tree(store_dir, root)
-        say(
-            f"3. changed 2 files and stored the tree again: {second.bytes_new / 1024:.0f} KiB "
-            f"new of {second.bytes_in / mib:.1f} MiB read"
-        )
-        ok = True
-        with open_store(store_dir, writable=False) as s:
-            for path, refs in second.files.items():
-                h = hashlib.sha256()
-                for piece in read_chunks(s, refs):
-                    h.update(piece)
-                if h.hexdigest() != _sha(path):
-                    say(f"   MISMATCH: {path}")
-                    ok = False
+        say(f"1. a sample layer in {root}: sources, a log, a duplicated blob, a sparse image")
+        build_sample_tree(root)
+        original = _digest_tree(root)
+        with Engine(root, store_dir) as engine:
+            t0 = time.perf_counter()
+            v0 = engine.create("sample tree", created_by="demo")
             say(
-                f"4. read back {len(second.files)} files from the store: "
-                f"{'all byte-exact' if ok else 'MISMATCHES'}"
+                f"2. checkpoint {v0.id}: {v0.files} files, {v0.bytes / mib:.1f} MiB, stored in "
+                f"{v0.bytes_added / mib:.1f} MiB ({time.perf_counter() - t0:.2f} s)"
             )
-            report = check(s, read_data=True)
-            st = stats(s)
+            mutate_sample_tree(root)
+            t0 = time.perf_counter()
+            v1 = engine.create("after an edit", created_by="demo")
+            say(
+                f"3. changed two files; checkpoint {v1.id} stored only "
+                f"{v1.bytes_added / 1024:.0f} KiB new ({time.perf_counter() - t0:.2f} s)"
+            )
+            changes = engine.diff(v0.id, v1.id)
+            say(
+                f"4. diff {v0.id} {v1.id}: "
+                + ", ".join(f"{d.change.value} {d.path.decode(errors='replace')}" for d in changes)
+            )
+            pv = engine.preview(v0.id).counts()
+            say(
+                f"5. restoring {v0.id} would create {pv['create']}, change {pv['change']}, "
+                f"remove {pv['remove']}"
+            )
+            t0 = time.perf_counter()
+            rep = engine.restore(v0.id, created_by="demo")
+            ok = _digest_tree(root) == original
+            say(
+                f"6. restored {v0.id} in {time.perf_counter() - t0:.2f} s: the layer is "
+                f"{'identical to' if ok else 'DIFFERENT FROM'} the original "
+                f"(undo checkpoint: {rep.undo})"
+            )
+            listing = engine.checkpoints(include_auto=True)
+            say(
+                "7. checkpoints: "
+                + ", ".join(f"{c.id}{' (auto)' if c.is_auto else ''}" for c in listing)
+            )
+            report = check(engine.store, read_data=True)
+            reached, errors = verify_checkpoints(engine.store)
+            st = stats(engine.store)
+        ok = ok and report.ok and not errors
         say(
-            f"5. store check --read-data: {report.packs} packs, {report.objects} objects, "
-            f"{'ok' if report.ok else report.errors}"
+            f"8. store check --read-data: {report.packs} packs, {report.objects} objects, "
+            f"{reached} reachable: {'ok' if report.ok and not errors else report.errors + errors}"
         )
         say(
             f"   store: {st.stored_bytes / mib:.1f} MiB for {st.ingested_bytes / mib:.1f} MiB "
             f"ingested (dedup {st.dedup_ratio:.2f}x, compression {st.compression_ratio:.2f}x)"
         )
-        ok = ok and report.ok
         say("demo " + ("passed" if ok else "FAILED"))
         return ok

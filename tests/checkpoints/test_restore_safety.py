@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 
@@ -89,3 +90,24 @@ def test_store_inside_the_root_is_left_out(tmp_path: os.PathLike[str], root: str
         e.restore("v0")  # must not delete or rewrite its own store
         assert e.checkpoints(include_auto=True)
         assert e.diff("v0", "v1") == []
+
+
+def test_other_file_systems_are_neither_captured_nor_touched(engine: Engine, root: str) -> None:
+    mnt = os.path.join(root, "mnt")
+    os.mkdir(mnt)
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", mnt], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        with open(os.path.join(mnt, "data"), "w") as f:
+            f.write("on another file system")
+        v0 = engine.create()
+        assert any(w["path"] == "mnt" and "mount point" in w["message"] for w in v0.warnings)
+        assert v0.files == 0
+        with open(os.path.join(root, "new"), "w") as f:
+            f.write("x")
+        engine.restore("v0")
+        with open(os.path.join(mnt, "data")) as f:
+            assert f.read() == "on another file system"
+        assert not os.path.exists(os.path.join(root, "new"))
+    finally:
+        subprocess.run(["umount", mnt], check=True)
