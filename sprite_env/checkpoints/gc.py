@@ -41,7 +41,7 @@ def mark(read: ReadObject, tops: Iterable[ObjectId]) -> set[ObjectId]:
                         continue  # a hard-link sibling or a copy: its chunks are marked
                     live.add(clist)
                     payload = read(clist)
-                live.update(oid for oid, _ in decode_chunks(payload) if oid is not None)
+                live.update(oid for oid, _, _ in decode_chunks(payload) if oid is not None)
     return live
 
 

@@ -37,14 +37,21 @@ if TYPE_CHECKING:
 RACY_NS = 50_000_000
 _ROW = struct.Struct("<HQqQq")
 Sig = tuple[int, int, int, int]  # ino, ctime_ns, size, mtime_ns
-POISON: Sig = (0, 0, -1, 0)
+#: ctime of a poisoned signature: matches no stat, but the inode is kept (a file changed in
+#: place is recognized by its inode even while it is being written).
+_RACY = -1
 
 
 def sig_of(st: os.stat_result, now_ns: int) -> Sig:
     """The signature of a stat result, poisoned if a timestamp is racy."""
     if st.st_mtime_ns >= now_ns - RACY_NS or st.st_ctime_ns >= now_ns - RACY_NS:
-        return POISON
+        return (st.st_ino, _RACY, 0, _RACY)
     return (st.st_ino, st.st_ctime_ns, st.st_size, st.st_mtime_ns)
+
+
+def is_racy(sig: Sig) -> bool:
+    """True for a poisoned signature (it vouches for nothing)."""
+    return sig[1] == _RACY
 
 
 def encode_sigs(sigs: dict[bytes, Sig]) -> bytes:
@@ -63,7 +70,7 @@ def decode_sigs(blob: bytes) -> dict[bytes, Sig]:
         off += _ROW.size
         name = blob[off : off + nlen]
         off += nlen
-        out[name] = POISON if ino == 0 else (ino, ctime, size, mtime)
+        out[name] = (ino, ctime, size, mtime)
     return out
 
 

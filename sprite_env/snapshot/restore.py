@@ -30,6 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
+from sprite_env.errors import SnapshotError
 from sprite_env.ids import ObjectId
 from sprite_env.snapshot import dircache
 from sprite_env.snapshot.capture import Excludes
@@ -296,12 +297,17 @@ class Restorer:
         )
         try:
             pos = 0
-            for oid, n in chunks:
+            last: tuple[ObjectId | None, bytes] = (None, b"")  # slices often share an object
+            for oid, off, n in chunks:
                 if oid is None:
                     pos += n  # a hole: seek past it, never write zeros
                     continue
-                data = self.read_object(oid)
-                view = memoryview(data)
+                if last[0] != oid:
+                    last = (oid, self.read_object(oid))
+                data = last[1]
+                view = memoryview(data)[off : off + n]
+                if len(view) != n:
+                    raise SnapshotError(f"chunk {oid.hex()[:16]} is shorter than its piece")
                 while view:
                     k = os.pwrite(out, view, pos)
                     view = view[k:]

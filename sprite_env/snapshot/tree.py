@@ -11,7 +11,8 @@ Format (version 1; little-endian). This docstring is the one place it is describ
     xattr  := name_len:u16 value_len:u32 name value          sorted by name
     payload:  FILE: a chunk list, or (flag INDIRECT) the 32-byte id of a CHUNKLIST object
               DIR: the 32-byte id of its tree; SYMLINK: the target; others: empty
-    chunks := (id:32 length:u32)*      an all-zero id is a hole of that length
+    chunks := (id:32 offset:u32 length:u32)*   bytes [offset, offset+length) of object id;
+                                             an all-zero id is a hole of that length
 
 - ``mode`` holds the permission bits with setuid/setgid/sticky (``st_mode & 0o7777``);
   the file type is ``kind``. ``mtime_ns`` is nanoseconds since the epoch.
@@ -20,6 +21,9 @@ Format (version 1; little-endian). This docstring is the one place it is describ
   capture root. Every member carries the full content, so each entry stands alone; the
   link is what restore and the FUSE view use to share one inode. Inode numbers are never
   stored, so a tree's id depends only on what a user can see.
+- A piece is usually a whole chunk (offset 0). A large file changed in place (a database)
+  is compared with its previous version page by page, and its new chunk list keeps slices
+  of the old chunks where the bytes did not change: only changed pages are stored.
 - A file with more than ``INLINE_CHUNKS`` chunks keeps its chunk list in a CHUNKLIST
   object of its own, so a directory of large files stays small.
 - The encoding is canonical: equal directories give equal bytes, hence equal tree ids,
@@ -43,7 +47,9 @@ MAGIC = b"SPT1"
 _HEAD = struct.Struct("<4sI")
 _ENTRY = struct.Struct("<HBBIIIqQQIHHI")
 _XATTR = struct.Struct("<HI")
-_CHUNK = struct.Struct("<32sI")
+_CHUNK = struct.Struct("<32sII")
+#: One piece of a file: (object id, or None for a hole; offset in the object; length).
+Piece = tuple[ObjectId | None, int, int]
 HOLE = ObjectId(bytes(ID_LEN))
 #: Files with more chunks than this keep their chunk list in a separate object.
 INLINE_CHUNKS = 32
@@ -113,18 +119,18 @@ class TreeEntry:
         )
 
 
-def encode_chunks(chunks: Iterable[tuple[ObjectId | None, int]]) -> bytes:
+def encode_chunks(pieces: Iterable[Piece]) -> bytes:
     """Encodes a chunk list; ``None`` ids are holes."""
-    return b"".join(_CHUNK.pack(oid or HOLE, n) for oid, n in chunks)
+    return b"".join(_CHUNK.pack(oid or HOLE, off, n) for oid, off, n in pieces)
 
 
-def decode_chunks(data: bytes) -> list[tuple[ObjectId | None, int]]:
+def decode_chunks(data: bytes) -> list[Piece]:
     """Inverts :func:`encode_chunks`."""
     if len(data) % _CHUNK.size:
         raise SnapshotError("corrupt chunk list (length)")
-    out: list[tuple[ObjectId | None, int]] = []
-    for oid, n in _CHUNK.iter_unpack(data):
-        out.append((None if oid == HOLE else ObjectId(oid), n))
+    out: list[Piece] = []
+    for oid, off, n in _CHUNK.iter_unpack(data):
+        out.append((None if oid == HOLE else ObjectId(oid), off, n))
     return out
 
 

@@ -66,14 +66,14 @@ def test_golden_tree_id() -> None:
             1_700_000_000_123_456_789,
             size=5,
             xattrs=((b"user.k", b"v"),),
-            payload=encode_chunks([(ObjectId(b"\1" * 32), 5)]),
+            payload=encode_chunks([(ObjectId(b"\1" * 32), 0, 5)]),
         ),
         TreeEntry(b"d", Kind.DIR, 0o755, 0, 0, 42, payload=b"\2" * 32),
         TreeEntry(b"l", Kind.SYMLINK, 0o777, 0, 0, 7, size=3, payload=b"../"),
         TreeEntry(b"wh", Kind.CHR, 0, 0, 0, 9),
     ]
     assert object_id(encode_tree(es)).hex() == (
-        "aa290d9b4c576b2fb1b54f78968a4682a35e5eff56bd4f99664f1b097e2f5c2a"
+        "5b0ee8bbcaa110db1eb578d2efe1ef0b5575df86295b89fb6c68b695131cd21a"
     )
 
 
@@ -98,7 +98,7 @@ def test_garbage_and_duplicates_are_refused() -> None:
 
 
 def test_chunk_lists_with_holes() -> None:
-    cl = [(ObjectId(b"\7" * 32), 10), (None, 4096), (ObjectId(b"\x08" * 32), 1)]
+    cl = [(ObjectId(b"\7" * 32), 0, 10), (None, 0, 4096), (ObjectId(b"\x08" * 32), 4096, 1)]
     assert decode_chunks(encode_chunks(cl)) == cl
     with pytest.raises(SnapshotError):
-        decode_chunks(b"\0" * 35)
+        decode_chunks(b"\0" * 39)
