@@ -313,3 +313,93 @@ def _jsonable(o: object) -> object:
     if hasattr(o, "__dataclass_fields__"):
         return asdict(o)  # type: ignore[call-overload]
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+# -- one command, its own rusage (peak RSS) -----------------------------------------------
+
+
+#: GNU time: a command started from this (possibly large) Python process inherits its
+#: resident set in ru_maxrss (Linux counts the pre-exec image), so peak RSS is taken from a
+#: small intermediate process instead, ``/usr/bin/time -f %M``, when there is one.
+GNU_TIME = "/usr/bin/time"
+
+
+@dataclass
+class Measured:
+    """One run of one command: wall and CPU from ``os.wait4`` on that child alone.
+
+    ``max_rss_kib`` is the peak resident set of the largest single process among the
+    command and the descendants it waited for (Linux ``ru_maxrss``), not a sum over a
+    pipeline. It comes from GNU time when ``rss_exact``; otherwise from ``wait4`` directly,
+    which is an upper bound (at least this process's own resident set when it forked).
+    """
+
+    wall: float  # seconds
+    user: float  # CPU seconds of the command and its waited-for descendants
+    sys: float
+    max_rss_kib: int
+    rss_exact: bool
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def cpu(self) -> float:
+        return self.user + self.sys
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def run_measured(
+    argv: Sequence[str], *, cwd: str | None = None, env: dict[str, str] | None = None
+) -> Measured:
+    """Runs ``argv`` to completion (stdin from /dev/null, output captured in temp files).
+
+    Unlike :func:`run_timed` it does not raise on a non-zero exit: the caller decides.
+
+    Raises:
+        OSError: the command could not be started.
+    """
+    import tempfile
+
+    use_time = os.access(GNU_TIME, os.X_OK)
+    with (
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+        tempfile.NamedTemporaryFile("r", suffix=".rss") as rss,
+    ):
+        full = [GNU_TIME, "-q", "-o", rss.name, "-f", "%M", *argv] if use_time else list(argv)
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            full, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err
+        )
+        _pid, status, ru = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped: Popen must not wait
+        max_rss, exact = ru.ru_maxrss, False
+        if use_time:
+            lines = [ln for ln in rss.read().splitlines() if ln.strip()]
+            if lines and lines[-1].strip().isdigit():
+                max_rss, exact = int(lines[-1]), True
+        out.seek(0)
+        err.seek(0)
+        return Measured(
+            wall=wall,
+            user=ru.ru_utime,
+            sys=ru.ru_stime,
+            max_rss_kib=max_rss,
+            rss_exact=exact,
+            returncode=proc.returncode,
+            stdout=out.read().decode(errors="replace"),
+            stderr=err.read().decode(errors="replace"),
+        )
+
+
+def du_bytes(path: str) -> int | None:
+    """``du -sb PATH``: apparent bytes of everything under it; None if it is missing."""
+    if not os.path.exists(path):
+        return None
+    out = subprocess.run(["du", "-sb", path], check=True, stdout=subprocess.PIPE, text=True)
+    return int(out.stdout.split()[0])

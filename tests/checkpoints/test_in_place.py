@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import random
 import sqlite3
+from typing import TYPE_CHECKING
 
-from sprite_env.checkpoints import Engine
 from sprite_env.store import check
 from tests.helpers import trees
+
+if TYPE_CHECKING:
+    from sprite_env.checkpoints import Engine
 
 
 def test_scattered_page_writes_store_about_the_pages(engine: Engine, root: str) -> None:
@@ -50,7 +53,7 @@ def test_sqlite_update_round_trips_and_stays_small(engine: Engine, root: str) ->
     rng = random.Random(1)
     db.executemany(
         "INSERT INTO users VALUES (?, ?, ?)",
-        ((i, "user%08d" % rng.randrange(10**8), rng.randrange(1000)) for i in range(300_000)),
+        ((i, f"user{rng.randrange(10**8):08d}", rng.randrange(1000)) for i in range(300_000)),
     )
     db.commit()
     db.close()
