@@ -9,6 +9,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <errno.h>
+#include <stdlib.h>
+
+#include "dirscan.h"
 #include "fastcdc.h"
 
 /* Below this many bytes the scan is too short to be worth a GIL round trip. */
@@ -147,7 +151,67 @@ static PyObject *native_gear_table(PyObject *Py_UNUSED(module), PyObject *Py_UNU
     return table;
 }
 
+PyDoc_STRVAR(scan_dir_doc,
+"scan_dir(fd, now_ns, racy_ns, root_dev, /)\n"
+"--\n"
+"\n"
+"List the directory open at fd and stat its children (symlinks not followed).\n"
+"\n"
+"Returns (blob, subdirs, files, bytes, symlinks, specials, irregular): blob is the\n"
+"signature rows in dircache.encode_sigs()'s format, subdirs the subdirectory names\n"
+"(sorted), then counts; irregular is true when a socket, a mount point or a hard link\n"
+"was seen (the caller must take its slow path). The GIL is released meanwhile.\n"
+"Raises OSError.");
+
+static PyObject *native_scan_dir(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int fd;
+    long long now_ns, racy_ns;
+    unsigned long long root_dev;
+    if (!PyArg_ParseTuple(args, "iLLK:scan_dir", &fd, &now_ns, &racy_ns, &root_dev)) {
+        return NULL;
+    }
+    struct dirscan r;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = dirscan(fd, (int64_t)now_ns, (int64_t)racy_ns, (uint64_t)root_dev, &r);
+    Py_END_ALLOW_THREADS
+    PyObject *result = NULL, *blob = NULL, *subdirs = NULL;
+    if (rc != 0) {
+        errno = -rc;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto out;
+    }
+    blob = PyBytes_FromStringAndSize((const char *)r.blob, (Py_ssize_t)r.blob_len);
+    subdirs = PyList_New(0);
+    if (blob == NULL || subdirs == NULL) {
+        goto out;
+    }
+    for (size_t off = 0; off + 2u <= r.subdirs_len;) {
+        size_t len = (size_t)r.subdirs[off] | ((size_t)r.subdirs[off + 1u] << 8);
+        PyObject *name = PyBytes_FromStringAndSize((const char *)r.subdirs + off + 2u,
+                                                   (Py_ssize_t)len);
+        if (name == NULL || PyList_Append(subdirs, name) != 0) {
+            Py_XDECREF(name);
+            goto out;
+        }
+        Py_DECREF(name);
+        off += 2u + len;
+    }
+    result = Py_BuildValue("(OOKKKKO)", blob, subdirs, (unsigned long long)r.files,
+                           (unsigned long long)r.bytes, (unsigned long long)r.symlinks,
+                           (unsigned long long)r.specials, r.irregular ? Py_True : Py_False);
+out:
+    Py_XDECREF(blob);
+    Py_XDECREF(subdirs);
+    free(r.blob);
+    free(r.subdirs);
+    return result;
+}
+
 static PyMethodDef native_methods[] = {
+    {"scan_dir", native_scan_dir, METH_VARARGS, scan_dir_doc},
     {"cut_points", (PyCFunction)(void (*)(void))native_cut_points,
      METH_VARARGS | METH_KEYWORDS, cut_points_doc},
     {"gear_table", native_gear_table, METH_NOARGS, gear_table_doc},

@@ -21,3 +21,16 @@ def cut_points(
 
 def gear_table() -> tuple[int, ...]:
     """Returns the kernel's 256-entry gear table."""
+
+def scan_dir(
+    fd: int, now_ns: int, racy_ns: int, root_dev: int, /
+) -> tuple[bytes, list[bytes], int, int, int, int, bool]:
+    """Lists and stats the children of the directory open at ``fd`` (GIL released).
+
+    Returns the signature blob (``dircache.encode_sigs`` format), the subdirectory names,
+    the counts of files, their bytes, symlinks and other entries, and whether a socket, a
+    mount point or a hard link calls for the slow path.
+
+    Raises:
+        OSError: listing or a stat failed (a vanished child is skipped).
+    """

@@ -36,7 +36,7 @@ from typing import Protocol
 from sprite_env.errors import SpriteError
 from sprite_env.ids import ObjectId
 from sprite_env.snapshot import dircache
-from sprite_env.snapshot.dircache import CachedDir, Sig, is_racy, sig_of
+from sprite_env.snapshot.dircache import RACY_NS, CachedDir, Sig, is_racy, sig_of
 from sprite_env.snapshot.fsmeta import O_DIR, proc_path, read_xattrs
 from sprite_env.snapshot.tree import (
     INLINE_CHUNKS,
@@ -51,6 +51,12 @@ from sprite_env.snapshot.tree import (
 from sprite_env.store.chunker import Chunker
 from sprite_env.store.codec import object_id
 from sprite_env.store.pack import ObjectKind
+
+_scan_dir: Callable[[int, int, int, int], tuple[bytes, list[bytes], int, int, int, int, bool]]
+try:
+    from sprite_env._native import scan_dir as _scan_dir
+except ImportError:  # the pure-Python walk does the same, slower
+    _scan_dir = None  # type: ignore[assignment]
 
 READ_ATTEMPTS = 3
 #: Threads reading files: reads, chunking and hashing release the GIL, and several reads
@@ -247,6 +253,42 @@ class Capturer:
     def _dir(self, fd: int, rel: bytes) -> tuple[ObjectId, bool]:
         """Captures the directory open at ``fd``; returns its tree id and whether it changed
         since the files cache's record of it."""
+        cached = self.cache.get(rel)
+        if cached is None or _scan_dir is None:
+            return self._dir_slow(fd, rel, {})
+        # Fast path: one native call lists and stats the children and encodes their
+        # signatures; if they equal the cache's, only the subdirectories remain to check.
+        blob, subdirs, files, nbytes, symlinks, specials, irregular = _scan_dir(
+            fd, self.start_ns, RACY_NS, self._root_dev
+        )
+        if irregular or blob != cached.stat:
+            return self._dir_slow(fd, rel, {})
+        done: dict[bytes, tuple[ObjectId, bool]] = {}
+        for name in subdirs:
+            try:
+                cfd = os.open(name, O_DIR, dir_fd=fd)
+            except OSError:
+                return self._dir_slow(fd, rel, done)  # replaced since the listing
+            try:
+                done[name] = self._dir(cfd, _join(rel, name))
+            finally:
+                os.close(cfd)
+        if any(changed for _, changed in done.values()):
+            return self._dir_slow(fd, rel, done)
+        self.visited.add(rel)
+        self.stats.dirs += 1
+        self.stats.dirs_reused += 1
+        self.stats.files += files
+        self.stats.bytes += nbytes
+        self.stats.symlinks += symlinks
+        self.stats.specials += specials
+        self._report()
+        return cached.tree, False
+
+    def _dir_slow(
+        self, fd: int, rel: bytes, done: dict[bytes, tuple[ObjectId, bool]]
+    ) -> tuple[ObjectId, bool]:
+        """The directory entry by entry; ``done`` holds subdirectories already captured."""
         self.visited.add(rel)
         self.stats.dirs += 1
         cached = self.cache.get(rel)
@@ -293,7 +335,16 @@ class Capturer:
                 if prev_tree is None:
                     prev_tree = self._prev_tree(cached)
                 prev_entry = prev_tree.get(name)
-            p = self._child(fd, child, name, st, same, prev_entry)
+            if name in done and stat.S_ISDIR(mode):
+                subtree, changed = done[name]
+                if same:
+                    p: _Pending | None = _Pending(
+                        name, st, subtree=subtree, subtree_changed=changed
+                    )
+                else:
+                    p = _Pending(name, st, self._dir_entry(fd, name, st, subtree), subtree=subtree)
+            else:
+                p = self._child(fd, child, name, st, same, prev_entry)
             if p is not None:
                 pending.append(p)
                 sigs[name] = s
@@ -301,12 +352,12 @@ class Capturer:
         kept = []
         for p in pending:
             if p.future is not None:  # wait for the reader threads (in walk order)
-                done = p.future.result()
+                read = p.future.result()
                 p.future = None
-                if done is None:
+                if read is None:
                     del sigs[p.name]  # gone or retyped while we looked
                     continue
-                p.entry, p.st = done
+                p.entry, p.st = read
                 if not is_racy(sigs[p.name]):  # signed by its stat after the read
                     sigs[p.name] = sig_of(p.st, self.start_ns)
             if not stat.S_ISDIR(p.st.st_mode):

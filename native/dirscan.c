@@ -1,0 +1,196 @@
+/*
+ * dirscan.c - a directory's stat signatures in one call, for unchanged-directory checks.
+ *
+ * A checkpoint of an unchanged tree costs one stat per entry; doing the listing, the
+ * stats, the sort and the encoding of the signature blob here, without the GIL, leaves
+ * Python one comparison per directory (measured: 0.32 s -> see benchmarks/README.md for
+ * a 27k-file layer, against 0.16 s for `find`).
+ *
+ * The blob must be byte-identical to dircache.encode_sigs(): rows sorted by name, each
+ * name_len:u16 ino:u64 ctime_ns:i64 size:u64 mtime_ns:i64 (little-endian) then the name;
+ * a racy child is (ino, -1, 0, -1). Sockets and other file systems are left out of the
+ * Python signatures with a warning, hard links are regrouped there every time, and a
+ * racy child must be read again, so any of them sets `irregular` and the caller takes the
+ * Python path.
+ */
+#define _GNU_SOURCE
+#include "dirscan.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define ROW_SIZE 34u /* 2 + 8 + 8 + 8 + 8 */
+
+struct name {
+    char *s;
+    size_t len;
+};
+
+static int cmp_names(const void *pa, const void *pb)
+{
+    const struct name *a = pa, *b = pb;
+    size_t n = a->len < b->len ? a->len : b->len;
+    int c = memcmp(a->s, b->s, n);
+    if (c != 0) {
+        return c;
+    }
+    return (a->len > b->len) - (a->len < b->len);
+}
+
+static void put_u16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)(v & 0xffu);
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        p[i] = (uint8_t)(v >> (8 * i));
+    }
+}
+
+static int reserve(uint8_t **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap) {
+        return 0;
+    }
+    size_t n = *cap ? *cap : 4096u;
+    while (n < need) {
+        n *= 2u;
+    }
+    uint8_t *p = realloc(*buf, n);
+    if (p == NULL) {
+        return -ENOMEM;
+    }
+    *buf = p;
+    *cap = n;
+    return 0;
+}
+
+static int64_t ns_of(struct timespec ts)
+{
+    return (int64_t)ts.tv_sec * 1000000000 + (int64_t)ts.tv_nsec;
+}
+
+int dirscan(int dirfd, int64_t now_ns, int64_t racy_ns, uint64_t root_dev, struct dirscan *out)
+{
+    memset(out, 0, sizeof *out);
+    /* A fresh open file description: the caller's fd offset is left alone. */
+    int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        return -errno;
+    }
+    DIR *d = fdopendir(fd);
+    if (d == NULL) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    struct name *names = NULL;
+    size_t count = 0, cap = 0;
+    int rc = 0;
+    struct dirent *de;
+    errno = 0;
+    while ((de = readdir(d)) != NULL) {
+        const char *s = de->d_name;
+        if (s[0] == '.' && (s[1] == '\0' || (s[1] == '.' && s[2] == '\0'))) {
+            continue;
+        }
+        if (count == cap) {
+            size_t ncap = cap ? cap * 2u : 64u;
+            struct name *p = realloc(names, ncap * sizeof *names);
+            if (p == NULL) {
+                rc = -ENOMEM;
+                goto done;
+            }
+            names = p;
+            cap = ncap;
+        }
+        size_t len = strlen(s);
+        names[count].s = malloc(len + 1u);
+        if (names[count].s == NULL) {
+            rc = -ENOMEM;
+            goto done;
+        }
+        memcpy(names[count].s, s, len + 1u);
+        names[count].len = len;
+        count++;
+    }
+    if (errno != 0) {
+        rc = -errno;
+        goto done;
+    }
+    if (count > 1) {
+        qsort(names, count, sizeof *names, cmp_names);
+    }
+    size_t blob_cap = 0, sub_cap = 0;
+    int64_t limit = now_ns - racy_ns;
+    for (size_t i = 0; i < count; i++) {
+        struct stat st;
+        if (fstatat(dirfd, names[i].s, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+            if (errno == ENOENT) {
+                continue; /* vanished since the listing, as in the Python walk */
+            }
+            rc = -errno;
+            goto done;
+        }
+        mode_t m = st.st_mode;
+        if (S_ISSOCK(m) || (S_ISDIR(m) && (uint64_t)st.st_dev != root_dev) ||
+            (!S_ISDIR(m) && st.st_nlink > 1)) {
+            out->irregular = 1;
+            continue;
+        }
+        if (names[i].len > 0xffffu) {
+            rc = -ENAMETOOLONG;
+            goto done;
+        }
+        int64_t mtime = ns_of(st.st_mtim), ctime = ns_of(st.st_ctim);
+        int racy = mtime >= limit || ctime >= limit;
+        if (racy) {
+            /* A poisoned row would compare equal to the poisoned row cached last time
+             * while the file changed in between: a racy child vouches for nothing. */
+            out->irregular = 1;
+        }
+        rc = reserve(&out->blob, &blob_cap, out->blob_len + ROW_SIZE + names[i].len);
+        if (rc != 0) {
+            goto done;
+        }
+        uint8_t *p = out->blob + out->blob_len;
+        put_u16(p, (uint16_t)names[i].len);
+        put_u64(p + 2, (uint64_t)st.st_ino);
+        put_u64(p + 10, racy ? (uint64_t)(int64_t)-1 : (uint64_t)ctime);
+        put_u64(p + 18, racy ? 0u : (uint64_t)st.st_size);
+        put_u64(p + 26, racy ? (uint64_t)(int64_t)-1 : (uint64_t)mtime);
+        memcpy(p + ROW_SIZE, names[i].s, names[i].len);
+        out->blob_len += ROW_SIZE + names[i].len;
+        if (S_ISDIR(m)) {
+            rc = reserve(&out->subdirs, &sub_cap, out->subdirs_len + 2u + names[i].len);
+            if (rc != 0) {
+                goto done;
+            }
+            put_u16(out->subdirs + out->subdirs_len, (uint16_t)names[i].len);
+            memcpy(out->subdirs + out->subdirs_len + 2, names[i].s, names[i].len);
+            out->subdirs_len += 2u + names[i].len;
+        } else if (S_ISREG(m)) {
+            out->files++;
+            out->bytes += (uint64_t)st.st_size;
+        } else if (S_ISLNK(m)) {
+            out->symlinks++;
+        } else {
+            out->specials++;
+        }
+    }
+done:
+    for (size_t i = 0; i < count; i++) {
+        free(names[i].s);
+    }
+    free(names);
+    closedir(d);
+    return rc;
+}
