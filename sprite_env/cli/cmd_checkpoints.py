@@ -11,9 +11,6 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-
 from sprite_env.checkpoints import Engine
 from sprite_env.cli.options import add_common_options
 from sprite_env.errors import UserError
@@ -93,6 +90,8 @@ def _size(n: float) -> str:
 def _progress(args: argparse.Namespace) -> Callable[[str, Any], None] | None:
     if args.json or not sys.stderr.isatty():
         return None
+    from rich.console import Console  # imported only for a terminal: ~30 ms at start-up
+
     err = Console(stderr=True)
     status = err.status("starting")
     status.start()
@@ -143,6 +142,9 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def _table(rows: list[Checkpoint], active: str | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     t = Table(box=None, pad_edge=False)
     for col in ("ID", "CREATED", "FILES", "SIZE", "ADDED", "COMMENT"):
         t.add_column(

@@ -214,3 +214,38 @@ def test_hard_link_into_a_subdirectory_of_a_big_file(
         os.mkdir(dest)
         engine.export("v0", dest)
         trees.assert_trees_equal(before, dest)
+
+
+def test_a_file_that_keeps_changing_is_named_in_the_warnings(engine: Engine, root: str) -> None:
+    import threading
+
+    path = os.path.join(root, "busy.log")
+    with open(path, "wb") as f:
+        f.write(os.urandom(20 << 20))
+    with open(os.path.join(root, "quiet"), "w") as f:
+        f.write("still")
+    stop = threading.Event()
+
+    def writer() -> None:
+        with open(path, "ab", buffering=0) as f:
+            while not stop.is_set():
+                f.write(b"x")
+                time.sleep(0.0005)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        cp = engine.create()
+    finally:
+        stop.set()
+        t.join()
+    warned = {w["path"]: w["message"] for w in cp.warnings}
+    assert "busy.log" in warned
+    assert "changed while being read" in warned["busy.log"]
+    assert "quiet" not in warned
+    dest = os.path.join(root, "..", "out")
+    os.mkdir(dest)
+    engine.export(cp.id, dest)
+    with open(os.path.join(dest, "quiet")) as f:
+        assert f.read() == "still"
+    assert os.path.getsize(os.path.join(dest, "busy.log")) >= 20 << 20
