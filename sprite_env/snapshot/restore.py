@@ -44,13 +44,15 @@ from sprite_env.snapshot.fsmeta import (
     proc_path,
     syncfs,
 )
-from sprite_env.snapshot.tree import Kind, TreeEntry, decode_chunks
+from sprite_env.snapshot.tree import Kind, Piece, TreeEntry, decode_chunks
 from sprite_env.store.faults import crashpoint
 
 ReadObject = Callable[[ObjectId], bytes]
 _TMP_PREFIX = b".sprite-restore."
 #: Threads writing files: decompression and writes release the GIL.
 WRITERS = 4
+#: Files at least this big whose content changed are patched in place, piece by piece.
+PATCH_MIN = 1 << 20
 _FILE_TYPE = {
     Kind.FILE: stat.S_IFREG,
     Kind.DIR: stat.S_IFDIR,
@@ -172,6 +174,11 @@ class Restorer:
             if new is None:
                 self._remove(fd, name, path)
                 self.stats.removed += 1
+            elif _patchable(old, new):
+                assert old is not None
+                assert self._writers is not None
+                self._track(writes, self._writers.submit(self._patch, fd, name, path, old, new))
+                self.stats.modified += 1
             elif (
                 old is None
                 or change is Change.MODIFIED
@@ -218,11 +225,7 @@ class Restorer:
         if e.kind is Kind.FILE and not e.link:
             # Reading, decompressing and writing a file's chunks runs on a writer thread.
             assert self._writers is not None
-            fut = self._writers.submit(self._place, fd, name, path, e)
-            with self._lock:
-                self._inflight.add(fut)
-            fut.add_done_callback(self._landed)
-            writes.append(fut)
+            self._track(writes, self._writers.submit(self._place, fd, name, path, e))
             return
         if e.link:
             # The group's first member may still be being written, in this directory or in
@@ -231,6 +234,63 @@ class Restorer:
                 inflight = list(self._inflight)
             wait(inflight)
         self._place(fd, name, path, e)
+
+    def _track(self, writes: list[Future[None]], fut: Future[None]) -> None:
+        with self._lock:
+            self._inflight.add(fut)
+        fut.add_done_callback(self._landed)
+        writes.append(fut)
+
+    def _patch(self, fd: int, name: bytes, path: bytes, old: TreeEntry, new: TreeEntry) -> None:
+        """Rewrites only the pieces of a big file that differ, in place.
+
+        The live file's pieces are those of ``old`` (captured just before); a piece of
+        ``new`` at the same offset with the same (object, offset, length) is left alone.
+        In place is not atomic, but a restore is resumable: an interrupted patch is found
+        changed by the resume's capture and patched again. Anything unexpected (another
+        link to the inode, a type change, a hole to punch) falls back to a full rewrite.
+        """
+        plan = _changed_ranges(self._pieces_of(old), self._pieces_of(new))
+        if plan is None:  # a hole where data was: punching one is not portable
+            self._place(fd, name, path, new)
+            return
+        try:
+            out = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        except OSError:
+            self._place(fd, name, path, new)
+            return
+        try:
+            st = os.fstat(out)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_size != old.size:
+                os.close(out)
+                out = -1
+                self._place(fd, name, path, new)
+                return
+            last: tuple[ObjectId | None, bytes] = (None, b"")
+            for at, (oid, off, n) in plan:
+                assert oid is not None
+                if last[0] != oid:
+                    last = (oid, self.read_object(oid))
+                view = memoryview(last[1])[off : off + n]
+                if len(view) != n:
+                    raise SnapshotError(f"chunk {oid.hex()[:16]} is shorter than its piece")
+                while view:
+                    k = os.pwrite(out, view, at)
+                    view = view[k:]
+                    at += k
+                with self._lock:
+                    self.stats.bytes_written += n
+            os.ftruncate(out, new.size)
+            apply_meta(
+                fd, name, stat.S_IFREG, new.mode, new.uid, new.gid, new.mtime_ns, new.xattrs, fd=out
+            )
+            crashpoint("restore-entry-written")
+        finally:
+            if out >= 0:
+                os.close(out)
+
+    def _pieces_of(self, e: TreeEntry) -> list[Piece]:
+        return decode_chunks(self.read_object(ObjectId(e.payload)) if e.indirect else e.payload)
 
     def _landed(self, fut: Future[None]) -> None:
         with self._lock:
@@ -416,6 +476,67 @@ class Restorer:
                 os.close(fd)
             fd = nfd
         return fd
+
+
+def _changed_ranges(old: list[Piece], new: list[Piece]) -> list[tuple[int, Piece]] | None:
+    """The byte ranges where ``new`` differs from ``old``, as (file offset, piece).
+
+    Both lists are walked together; a range is unchanged when both name the same bytes of
+    the same object (pieces may be slices, so boundaries need not line up). None when a
+    hole would have to replace data.
+    """
+    out: list[tuple[int, Piece]] = []
+    i = 0
+    opos = 0  # file offset where old[i] starts
+    npos = 0  # file offset where the current new piece starts
+    for noid, noff, nlen in new:
+        pos = npos
+        end = npos + nlen
+        while pos < end:
+            while i < len(old) and opos + old[i][2] <= pos:
+                opos += old[i][2]
+                i += 1
+            if i < len(old):
+                ooid, ooff, olen = old[i]
+                seg_end = min(end, opos + olen)
+                same = noid == ooid and (noid is None or noff + (pos - npos) == ooff + (pos - opos))
+            else:
+                seg_end, same = end, False
+            if not same:
+                if noid is None:
+                    return None
+                piece = (noid, noff + (pos - npos), seg_end - pos)
+                if (
+                    out
+                    and out[-1][1][0] == noid
+                    and (
+                        out[-1][0] + out[-1][1][2] == pos
+                        and out[-1][1][1] + out[-1][1][2] == piece[1]
+                    )
+                ):  # contiguous in the file and in the object: one write
+                    prev_pos, (poid, poff, plen) = out[-1]
+                    out[-1] = (prev_pos, (poid, poff, plen + piece[2]))
+                else:
+                    out.append((pos, piece))
+            pos = seg_end
+        npos = end
+    return out
+
+
+def _patchable(old: TreeEntry | None, new: TreeEntry | None) -> bool:
+    """A big file whose content changed, in one inode before and after: patch in place."""
+    return (
+        old is not None
+        and new is not None
+        and old.kind is Kind.FILE
+        and new.kind is Kind.FILE
+        and not old.link
+        and not new.link
+        and old.nlink == 1
+        and new.nlink == 1
+        and min(old.size, new.size) >= PATCH_MIN
+        and not old.same_content(new)
+    )
 
 
 def _wait_all(futures: list[Future[None]]) -> None:

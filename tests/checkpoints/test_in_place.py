@@ -30,8 +30,12 @@ def test_scattered_page_writes_store_about_the_pages(engine: Engine, root: str) 
     # content-defined chunks of ~64 KiB would store ~20 x 80 KiB; pages store 20 x 4 KiB
     assert v1.bytes_added < 200_000, v1.bytes_added
     assert v0.bytes_added > 16 << 20
-    engine.restore(v0.id)
+    ino = os.stat(path).st_ino
+    rep = engine.restore(v0.id)
     trees.assert_trees_equal(before, root)
+    # patched in place: only the changed pages were written, the inode is the same
+    assert rep.stats.bytes_written <= 20 * 4096
+    assert os.stat(path).st_ino == ino
     engine.restore(v1.id)
     trees.assert_trees_equal(after, root)
     with open(path, "ab") as f:  # grown in place: the tail is chunked as usual
