@@ -290,7 +290,8 @@ class Restorer:
                 os.close(out)
 
     def _pieces_of(self, e: TreeEntry) -> list[Piece]:
-        return decode_chunks(self.read_object(ObjectId(e.payload)) if e.indirect else e.payload)
+        # read_tree: the live side's chunk list may exist only in a hash-only capture
+        return decode_chunks(self.read_tree(ObjectId(e.payload)) if e.indirect else e.payload)
 
     def _landed(self, fut: Future[None]) -> None:
         with self._lock:

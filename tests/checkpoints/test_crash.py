@@ -122,3 +122,26 @@ def test_kill_during_delete_is_finished_on_reopen(tmp_path: os.PathLike[str], po
         dest = os.path.join(os.fspath(tmp_path), "out")
         os.mkdir(dest)
         e.export("v1", dest)
+
+
+def test_kill_while_patching_a_big_file_in_place(tmp_path: os.PathLike[str]) -> None:
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    store = os.path.join(os.fspath(tmp_path), "store")
+    os.mkdir(root)
+    big = os.path.join(root, "db")
+    with open(big, "wb") as f:
+        f.write(os.urandom(8 << 20))
+    a = trees.snapshot_tree(root)
+    with Engine(root, store) as e:
+        e.create("a")
+        with open(big, "r+b") as f:
+            for i in range(50):
+                f.seek(i * 150_000)
+                f.write(os.urandom(4096))
+        e.create("b")
+    # the undo checkpoint is taken, the intent recorded, then the patch is cut short
+    assert _run(root, store, "restore", "v0", "restore-entry-written:1") == -signal.SIGKILL
+    with Engine(root, store) as e:
+        trees.assert_trees_equal(a, root)
+        assert e.active() == "v0"
+        assert check(e.store, read_data=True).ok
