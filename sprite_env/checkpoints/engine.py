@@ -116,6 +116,8 @@ class Engine:
         root: the layer to capture and restore.
         store_dir: the store (created if missing).
         excludes: fnmatch patterns of paths (relative to root) never captured or touched.
+            Given, they replace the store's saved list; None uses the saved list, so every
+            command agrees on what a checkpoint holds.
         exclude_dirs: directories left out wherever they are (the store itself always is).
     """
 
@@ -133,6 +135,11 @@ class Engine:
         self.store: Store = open_store(store_dir, create=True)
         try:
             self.registry = Registry(self.store.catalog)
+            if excludes is None:
+                excludes = json.loads(self.store.catalog.meta("excludes", "[]") or "[]")
+            elif excludes != json.loads(self.store.catalog.meta("excludes", "[]") or "[]"):
+                with self.store.catalog.transaction() as db:
+                    registry.set_meta(db, "excludes", json.dumps(excludes))
             self.excludes = Excludes([p.encode() for p in excludes or []])
             for d in [store_dir, *(exclude_dirs or [])]:
                 self.excludes.add_dir(d)

@@ -76,7 +76,7 @@ def add_restore_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def _engine(args: argparse.Namespace) -> Engine:
     store = args.store or os.path.join(args.root, ".sprite", "store")
-    return Engine(args.root, store)
+    return Engine(args.root, store, excludes=args.exclude)
 
 
 def _size(n: float) -> str:

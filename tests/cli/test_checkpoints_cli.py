@@ -64,3 +64,20 @@ def test_full_loop(tmp_path: os.PathLike[str]) -> None:
     code, _, _ = cli("checkpoints", "export", "v0", dest)
     with open(os.path.join(dest, "a")) as f:
         assert f.read() == "one"
+
+
+def test_excludes_are_saved_in_the_store(tmp_path: os.PathLike[str]) -> None:
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    os.makedirs(os.path.join(root, "cache"))
+    for name in ("cache/big", "keep"):
+        with open(os.path.join(root, name), "w") as f:
+            f.write(name)
+    r = run_cli("--root", root, "checkpoints", "create", "--exclude", "cache", "--json")
+    assert json.loads(r.stdout)["files"] == 1
+    r = run_cli("--root", root, "checkpoints", "create", "--json")  # the saved list applies
+    assert json.loads(r.stdout)["files"] == 1
+    os.unlink(os.path.join(root, "keep"))
+    r = run_cli("--root", root, "restore", "v0", "--yes")
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(root)) == [".sprite", "cache", "keep"]
+    assert os.listdir(os.path.join(root, "cache")) == ["big"]
