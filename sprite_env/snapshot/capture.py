@@ -21,6 +21,7 @@ Error handling:
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fnmatch
 import os
@@ -405,7 +406,7 @@ class Capturer:
                         out.append(fresh.entry)
                 continue
             if p.subtree is not None and p.subtree_changed:
-                old = _with_payload(old, p.subtree)
+                old = dataclasses.replace(old, payload=p.subtree)
             out.append(old)
         return out
 
@@ -443,7 +444,7 @@ class Capturer:
                 link = self._link_of(st, rel)  # decided here, in walk order
                 done = self.link_payload.get(st.st_ino) if st.st_nlink > 1 else None
                 if done is not None:  # another member of the group was read already
-                    return _Pending(name, st, _replace_name(done, name, link))
+                    return _Pending(name, st, dataclasses.replace(done, name=name, link=link))
                 assert self._readers is not None
                 fut = self._readers.submit(self._file, dirfd, rel, name, st, link, prev)
                 return _Pending(name, st, future=fut)
@@ -727,42 +728,6 @@ def _kind(mode: int) -> Kind:
     if stat.S_ISFIFO(mode):
         return Kind.FIFO
     raise ValueError(f"unsupported file type {stat.S_IFMT(mode):o}")
-
-
-def _with_payload(e: TreeEntry, payload: bytes) -> TreeEntry:
-    return TreeEntry(
-        e.name,
-        e.kind,
-        e.mode,
-        e.uid,
-        e.gid,
-        e.mtime_ns,
-        e.size,
-        e.rdev,
-        e.nlink,
-        e.xattrs,
-        e.link,
-        payload,
-        e.indirect,
-    )
-
-
-def _replace_name(e: TreeEntry, name: bytes, link: bytes) -> TreeEntry:
-    return TreeEntry(
-        name,
-        e.kind,
-        e.mode,
-        e.uid,
-        e.gid,
-        e.mtime_ns,
-        e.size,
-        e.rdev,
-        e.nlink,
-        e.xattrs,
-        link,
-        e.payload,
-        e.indirect,
-    )
 
 
 def capture(

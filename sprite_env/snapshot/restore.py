@@ -266,20 +266,7 @@ class Restorer:
                 out = -1
                 self._place(fd, name, path, new)
                 return
-            last: tuple[ObjectId | None, bytes] = (None, b"")
-            for at, (oid, off, n) in plan:
-                assert oid is not None
-                if last[0] != oid:
-                    last = (oid, self.read_object(oid))
-                view = memoryview(last[1])[off : off + n]
-                if len(view) != n:
-                    raise SnapshotError(f"chunk {oid.hex()[:16]} is shorter than its piece")
-                while view:
-                    k = os.pwrite(out, view, at)
-                    view = view[k:]
-                    at += k
-                with self._lock:
-                    self.stats.bytes_written += n
+            self._write_pieces(out, plan)
             os.ftruncate(out, new.size)
             apply_meta(
                 fd, name, stat.S_IFREG, new.mode, new.uid, new.gid, new.mtime_ns, new.xattrs, fd=out
@@ -288,6 +275,24 @@ class Restorer:
         finally:
             if out >= 0:
                 os.close(out)
+
+    def _write_pieces(self, out: int, placed: list[tuple[int, Piece]]) -> None:
+        """Writes each piece's bytes at its file offset (consecutive slices of one object
+        read it once)."""
+        last: tuple[ObjectId | None, bytes] = (None, b"")
+        for at, (oid, off, n) in placed:
+            assert oid is not None
+            if last[0] != oid:
+                last = (oid, self.read_object(oid))
+            view = memoryview(last[1])[off : off + n]
+            if len(view) != n:
+                raise SnapshotError(f"chunk {oid.hex()[:16]} is shorter than its piece")
+            while view:
+                k = os.pwrite(out, view, at)
+                view = view[k:]
+                at += k
+            with self._lock:
+                self.stats.bytes_written += n
 
     def _pieces_of(self, e: TreeEntry) -> list[Piece]:
         # read_tree: the live side's chunk list may exist only in a hash-only capture
@@ -349,7 +354,7 @@ class Restorer:
             os.close(cfd)
 
     def _write_file(self, fd: int, tmp: bytes, e: TreeEntry) -> None:
-        chunks = decode_chunks(self.read_object(ObjectId(e.payload)) if e.indirect else e.payload)
+        chunks = self._pieces_of(e)
         out = os.open(
             tmp,
             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -357,24 +362,13 @@ class Restorer:
             dir_fd=fd,
         )
         try:
+            placed: list[tuple[int, Piece]] = []
             pos = 0
-            last: tuple[ObjectId | None, bytes] = (None, b"")  # slices often share an object
-            for oid, off, n in chunks:
-                if oid is None:
-                    pos += n  # a hole: seek past it, never write zeros
-                    continue
-                if last[0] != oid:
-                    last = (oid, self.read_object(oid))
-                data = last[1]
-                view = memoryview(data)[off : off + n]
-                if len(view) != n:
-                    raise SnapshotError(f"chunk {oid.hex()[:16]} is shorter than its piece")
-                while view:
-                    k = os.pwrite(out, view, pos)
-                    view = view[k:]
-                    pos += k
-                with self._lock:
-                    self.stats.bytes_written += n
+            for piece in chunks:
+                if piece[0] is not None:  # a hole is never written: the file stays sparse
+                    placed.append((pos, piece))
+                pos += piece[2]
+            self._write_pieces(out, placed)
             os.ftruncate(out, pos)
             apply_meta(fd, tmp, stat.S_IFREG, e.mode, e.uid, e.gid, e.mtime_ns, e.xattrs, fd=out)
         finally:
