@@ -69,5 +69,9 @@ class CorruptPack(StoreError):
         self.reason = reason
 
 
+class CorruptObject(StoreError):
+    """An object whose bytes read back fine but do not parse (a tree, a chunk list)."""
+
+
 class SnapshotError(SpriteError):
     """Capture, restore or diff failed as a whole."""

@@ -1,10 +1,11 @@
 """Tree objects: one per directory, a deterministic encoding of its entries.
 
-Format (version 1; little-endian). This docstring is the one place it is described.
+Format (version 2; little-endian). This docstring is the one place it is described.
+Version 1 (magic ``SPT1``, chunk entries without an offset) is refused with a clear error.
 
 ::
 
-    tree   := b"SPT1" count:u32 entry*          entries sorted by name (bytes)
+    tree   := b"SPT2" count:u32 entry*          entries sorted by name (bytes)
     entry  := name_len:u16 kind:u8 flags:u8 mode:u32 uid:u32 gid:u32 mtime_ns:i64
               size:u64 rdev:u64 nlink:u32 nxattr:u16 link_len:u16 payload_len:u32
               name link xattr* payload
@@ -37,13 +38,13 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
-from sprite_env.errors import SnapshotError
+from sprite_env.errors import CorruptObject, SnapshotError
 from sprite_env.ids import ID_LEN, ObjectId
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
-MAGIC = b"SPT1"
+MAGIC = b"SPT2"
 _HEAD = struct.Struct("<4sI")
 _ENTRY = struct.Struct("<HBBIIIqQQIHHI")
 _XATTR = struct.Struct("<HI")
@@ -127,7 +128,7 @@ def encode_chunks(pieces: Iterable[Piece]) -> bytes:
 def decode_chunks(data: bytes) -> list[Piece]:
     """Inverts :func:`encode_chunks`."""
     if len(data) % _CHUNK.size:
-        raise SnapshotError("corrupt chunk list (length)")
+        raise CorruptObject("corrupt chunk list (length)")
     out: list[Piece] = []
     for oid, off, n in _CHUNK.iter_unpack(data):
         out.append((None if oid == HOLE else ObjectId(oid), off, n))
@@ -180,16 +181,18 @@ def decode_tree(data: bytes) -> list[TreeEntry]:
     """Parses a tree object.
 
     Raises:
-        SnapshotError: the bytes are not a valid tree.
+        CorruptObject: the bytes are not a valid tree (exit code 3, like other damage).
     """
     try:
         return list(_iter_tree(data))
     except (struct.error, ValueError) as e:
-        raise SnapshotError(f"corrupt tree object: {e}") from None
+        raise CorruptObject(f"corrupt tree object: {e}") from None
 
 
 def _iter_tree(data: bytes) -> Iterator[TreeEntry]:
     magic, count = _HEAD.unpack_from(data, 0)
+    if magic == b"SPT1":
+        raise ValueError("tree format 1 (an early development version) is no longer read")
     if magic != MAGIC:
         raise ValueError("bad magic")
     off = _HEAD.size

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sprite_env.errors import SnapshotError
+from sprite_env.errors import CorruptObject, SnapshotError
 from sprite_env.ids import ObjectId
 from sprite_env.snapshot.tree import (
     Kind,
@@ -73,7 +73,7 @@ def test_golden_tree_id() -> None:
         TreeEntry(b"wh", Kind.CHR, 0, 0, 0, 9),
     ]
     assert object_id(encode_tree(es)).hex() == (
-        "5b0ee8bbcaa110db1eb578d2efe1ef0b5575df86295b89fb6c68b695131cd21a"
+        "28a73098c8bfaecd459c23b79679636746b6b7c3f283c579066bb774e3f0f668"
     )
 
 
@@ -84,13 +84,18 @@ def test_replace_drops_cached_encoding() -> None:
     assert decode_tree(encode_tree([changed]))[0].mode == 0o644
 
 
+def test_format_1_is_refused_by_name() -> None:
+    with pytest.raises(CorruptObject, match="tree format 1"):
+        decode_tree(b"SPT1" + bytes(4))
+
+
 def test_garbage_and_duplicates_are_refused() -> None:
-    with pytest.raises(SnapshotError, match="corrupt tree"):
+    with pytest.raises(CorruptObject, match="corrupt tree"):
         decode_tree(b"nope")
     data = encode_tree([TreeEntry(b"f", Kind.FILE, 0, 0, 0, 0)])
-    with pytest.raises(SnapshotError, match="corrupt tree"):
+    with pytest.raises(CorruptObject, match="corrupt tree"):
         decode_tree(data[:-3])
-    with pytest.raises(SnapshotError, match="corrupt tree"):
+    with pytest.raises(CorruptObject, match="corrupt tree"):
         decode_tree(data + b"x")
     e = TreeEntry(b"x", Kind.FILE, 0, 0, 0, 0)
     with pytest.raises(SnapshotError, match="duplicate"):
@@ -100,5 +105,5 @@ def test_garbage_and_duplicates_are_refused() -> None:
 def test_chunk_lists_with_holes() -> None:
     cl = [(ObjectId(b"\7" * 32), 0, 10), (None, 0, 4096), (ObjectId(b"\x08" * 32), 4096, 1)]
     assert decode_chunks(encode_chunks(cl)) == cl
-    with pytest.raises(SnapshotError):
+    with pytest.raises(CorruptObject):
         decode_chunks(b"\0" * 39)
