@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import itertools
 import os
 import stat
@@ -53,6 +54,8 @@ _TMP_PREFIX = b".sprite-restore."
 WRITERS = 4
 #: Files at least this big whose content changed are patched in place, piece by piece.
 PATCH_MIN = 1 << 20
+BATCH_FILES = 32
+BATCH_BYTES = 8 << 20
 _FILE_TYPE = {
     Kind.FILE: stat.S_IFREG,
     Kind.DIR: stat.S_IFDIR,
@@ -113,6 +116,7 @@ class Restorer:
         self._lock = threading.Lock()  # counters updated by writer threads
         self._writers: ThreadPoolExecutor | None = None
         self._inflight: set[Future[None]] = set()
+        self._open_writes: list[_Writes] = []  # batches of the directories being walked
 
     def run(self, live_top: ObjectId | None, target_top: ObjectId) -> RestoreResult:
         self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -151,11 +155,13 @@ class Restorer:
     def _sync_dir(self, fd: int, rel: bytes, live: ObjectId | None, target: ObjectId) -> None:
         a = read_entries(self.read_tree, live)
         b = read_entries(self.read_tree, target)
-        writes: list[Future[None]] = []  # this directory's files being written
+        writes = _Writes(self)  # this directory's files being written
+        self._open_writes.append(writes)
         try:
             self._sync_entries(fd, rel, a, b, writes)
         finally:
-            _wait_all(writes)  # before the caller sets this directory's mtime
+            self._open_writes.pop()
+            writes.wait()  # before the caller sets this directory's mtime
         self._synced.append((rel, target))
 
     def _sync_entries(
@@ -164,7 +170,7 @@ class Restorer:
         rel: bytes,
         a: dict[bytes, TreeEntry],
         b: dict[bytes, TreeEntry],
-        writes: list[Future[None]],
+        writes: _Writes,
     ) -> None:
         for name in sorted(a.keys() | b.keys()):
             check_name(name)
@@ -177,7 +183,7 @@ class Restorer:
             elif _patchable(old, new):
                 assert old is not None
                 assert self._writers is not None
-                self._track(writes, self._writers.submit(self._patch, fd, name, path, old, new))
+                writes.add(functools.partial(self._patch, fd, name, path, old, new), new.size)
                 self.stats.modified += 1
             elif (
                 old is None
@@ -216,30 +222,32 @@ class Restorer:
     def _tmp_name(self) -> bytes:
         return _TMP_PREFIX + b"%d.%d" % (os.getpid(), next(self._tmp))
 
-    def _create(
-        self, fd: int, name: bytes, path: bytes, e: TreeEntry, writes: list[Future[None]]
-    ) -> None:
+    def _create(self, fd: int, name: bytes, path: bytes, e: TreeEntry, writes: _Writes) -> None:
         if e.kind is Kind.DIR:
             self._create_dir(fd, name, path, e)
             return
         if e.kind is Kind.FILE and not e.link:
             # Reading, decompressing and writing a file's chunks runs on a writer thread.
-            assert self._writers is not None
-            self._track(writes, self._writers.submit(self._place, fd, name, path, e))
+            writes.add(functools.partial(self._place, fd, name, path, e), e.size)
             return
         if e.link:
-            # The group's first member may still be being written, in this directory or in
-            # one above it: wait for every write in flight (errors surface where submitted).
+            # The group's first member may still be queued or being written, in this
+            # directory or one above it: send every batch, then wait for every write in
+            # flight (errors surface where they were submitted).
+            for w in self._open_writes:
+                w.flush()
             with self._lock:
                 inflight = list(self._inflight)
             wait(inflight)
         self._place(fd, name, path, e)
 
-    def _track(self, writes: list[Future[None]], fut: Future[None]) -> None:
+    def _submit(self, tasks: list[Callable[[], None]]) -> Future[None]:
+        assert self._writers is not None
+        fut = self._writers.submit(_run_all, tasks)
         with self._lock:
             self._inflight.add(fut)
         fut.add_done_callback(self._landed)
-        writes.append(fut)
+        return fut
 
     def _patch(self, fd: int, name: bytes, path: bytes, old: TreeEntry, new: TreeEntry) -> None:
         """Rewrites only the pieces of a big file that differ, in place.
@@ -532,6 +540,41 @@ def _patchable(old: TreeEntry | None, new: TreeEntry | None) -> bool:
         and min(old.size, new.size) >= PATCH_MIN
         and not old.same_content(new)
     )
+
+
+def _run_all(tasks: list[Callable[[], None]]) -> None:
+    for task in tasks:
+        task()
+
+
+class _Writes:
+    """One directory's file writes, handed to the writer threads in batches.
+
+    One task per small file cost more in futures and wake-ups (the GIL held) than the
+    write itself: measured, ``submit`` and ``notify`` were the top GIL holders of a restore
+    of 31k files. Batches of ``BATCH_FILES`` files or ``BATCH_BYTES`` bytes.
+    """
+
+    def __init__(self, restorer: Restorer) -> None:
+        self._r = restorer
+        self._tasks: list[Callable[[], None]] = []
+        self._bytes = 0
+        self._futures: list[Future[None]] = []
+
+    def add(self, task: Callable[[], None], size: int) -> None:
+        self._tasks.append(task)
+        self._bytes += size
+        if len(self._tasks) >= BATCH_FILES or self._bytes >= BATCH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._tasks:
+            self._futures.append(self._r._submit(self._tasks))
+            self._tasks, self._bytes = [], 0
+
+    def wait(self) -> None:
+        self.flush()
+        _wait_all(self._futures)
 
 
 def _wait_all(futures: list[Future[None]]) -> None:

@@ -249,3 +249,18 @@ def test_a_file_that_keeps_changing_is_named_in_the_warnings(engine: Engine, roo
     with open(os.path.join(dest, "quiet")) as f:
         assert f.read() == "still"
     assert os.path.getsize(os.path.join(dest, "busy.log")) >= 20 << 20
+
+
+def test_hard_link_to_a_small_file_still_queued_in_a_parent_batch(
+    engine: Engine, root: str, tmp_path: os.PathLike[str]
+) -> None:
+    # Small files go to the writers in batches per directory; the second name of a group
+    # in a subdirectory must not be linked before its parent's batch was sent (found by
+    # hypothesis).
+    trees.build_tree(root, {"a": trees.File(b"x" * 100), "z/link": trees.HardLink("a")})
+    before = trees.snapshot_tree(root)
+    engine.create()
+    dest = os.path.join(os.fspath(tmp_path), "out")
+    os.mkdir(dest)
+    engine.export("v0", dest)
+    trees.assert_trees_equal(before, dest)
