@@ -338,6 +338,12 @@ def profile(tree: str, scratch: str, cold: bool, top: int = 25) -> list[dict[str
 # -- main ---------------------------------------------------------------------------------
 
 
+
+def _shown_path(path: str) -> str:
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    full = os.path.abspath(path)
+    return os.path.relpath(full, repo) if full.startswith(repo + os.sep) else full
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] in CHILD_MODES:
         return child_main(sys.argv[1], sys.argv[2:])
@@ -535,7 +541,8 @@ def main() -> int:
 
     payload = {
         "benchmark": "ingest",
-        "tree": {"path": tree, "note": tree_note, **info},
+        # relative to the repository when inside it: results must not name this machine
+        "tree": {"path": _shown_path(tree), "note": tree_note, **info},
         "cold": cold,
         "reps": args.reps,
         "loadavg_at_start": load0,
