@@ -338,11 +338,11 @@ def profile(tree: str, scratch: str, cold: bool, top: int = 25) -> list[dict[str
 # -- main ---------------------------------------------------------------------------------
 
 
-
 def _shown_path(path: str) -> str:
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     full = os.path.abspath(path)
     return os.path.relpath(full, repo) if full.startswith(repo + os.sep) else full
+
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] in CHILD_MODES:
