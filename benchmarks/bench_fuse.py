@@ -388,6 +388,13 @@ def prepare_tools(
     return mounts
 
 
+def _shown_path(path: str) -> str:
+    """Relative to the repository when inside it: results must not name this machine."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    full = os.path.abspath(path)
+    return os.path.relpath(full, repo) if full.startswith(repo + os.sep) else full
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--reps", type=int, default=3, help="rounds (default 3)")
@@ -504,7 +511,7 @@ def main() -> int:
         print(f"goal {goal}: {value:.2f}x")
     payload = {
         "setup_s": setup,
-        "layer": {"path": source_layer, "bytes": layer_bytes},
+        "layer": {"path": _shown_path(source_layer), "bytes": layer_bytes},
         "big_file_bytes": big_bytes,
         "results": results,
         "goals": goals,
