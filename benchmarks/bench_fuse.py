@@ -61,6 +61,7 @@ from _peers import (  # noqa: E402
     run_rounds,
     shell,
     summarize,
+    tree_bytes,
     write_results,
 )
 
@@ -125,16 +126,6 @@ def pick_layer(given: str | None) -> str:
         stdlib = sysconfig.get_paths()["stdlib"]
         log(f"cannot build the benchmark layer ({e}); using {stdlib}")
         return stdlib
-
-
-def tree_bytes(path: str) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            st = os.lstat(os.path.join(root, name))
-            if st.st_mode & 0o170000 == 0o100000:
-                total += st.st_size
-    return total
 
 
 # -- the mounts -----------------------------------------------------------------------------
