@@ -19,7 +19,7 @@ import os
 import time
 import unicodedata
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sprite_env.checkpoints import registry
@@ -31,6 +31,7 @@ from sprite_env.snapshot import dircache
 from sprite_env.snapshot.capture import CaptureResult, CaptureStats, Excludes, capture
 from sprite_env.snapshot.diff import Change, Difference, diff_trees
 from sprite_env.snapshot.restore import RestoreResult, RestoreStats, restore
+from sprite_env.snapshot.tree import decode_tree, encode_tree
 from sprite_env.store import ObjectKind, Store, open_store
 from sprite_env.store.faults import crashpoint
 from sprite_env.store.prune import PruneReport, plan_prune
@@ -50,30 +51,38 @@ class ActiveCheckpoint(UserError):
         self.checkpoint = cid
 
 
+class InvalidComment(UserError):
+    code = "invalid_comment"
+
+
 def check_comment(comment: str) -> str:
     if len(comment) > MAX_COMMENT:
-        raise UserError(f"comment too long ({len(comment)} characters; at most {MAX_COMMENT})")
+        raise InvalidComment(f"comment too long ({len(comment)} characters; at most {MAX_COMMENT})")
     bad = [c for c in comment if unicodedata.category(c) == "Cc" and c not in "\t"]
     if bad:
-        raise UserError(f"comment contains control characters ({bad[0]!r})")
+        raise InvalidComment(f"comment contains control characters ({bad[0]!r})")
     return comment
 
 
 @dataclass
 class DeleteReport:
-    id: str
+    ids: list[str]
     bytes_freed: int
     objects_removed: int
     packs_deleted: int
     packs_written: int
 
+    @property
+    def id(self) -> str | None:
+        return self.ids[0] if len(self.ids) == 1 else None
+
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {"id": self.id, **self.__dict__}
 
 
 @dataclass
 class RestoreReport:
-    id: str
+    id: str | None  # None for a reset
     undo: str | None  # the automatic checkpoint of the replaced state
     stats: RestoreStats
     warnings: list[str] = field(default_factory=list)
@@ -199,13 +208,40 @@ class Engine:
         progress: Progress | None = None,
     ) -> Checkpoint:
         """Captures the root into a new checkpoint and makes it the active one."""
+        cp = self._create(comment, created_by, auto, progress, skip_unchanged=False)
+        assert cp is not None
+        return cp
+
+    def create_if_changed(
+        self,
+        comment: str = "",
+        *,
+        created_by: str = "scheduler",
+        auto: bool = True,
+        progress: Progress | None = None,
+    ) -> Checkpoint | None:
+        """Like :meth:`create`, but returns None (and stores no checkpoint) when the layer
+        equals the active checkpoint: what a timer wants, so an idle layer costs nothing."""
+        return self._create(comment, created_by, auto, progress, skip_unchanged=True)
+
+    def _create(
+        self,
+        comment: str,
+        created_by: str,
+        auto: bool,
+        progress: Progress | None,
+        *,
+        skip_unchanged: bool,
+    ) -> Checkpoint | None:
         check_comment(comment)
         cache = dircache.load(self.store.catalog)
         parent = self.registry.active()
         history: list[str] = []
+        parent_tree: ObjectId | None = None
         if parent is not None:
             try:
-                history = [parent, *self.registry.get(parent).history]
+                pcp = self.registry.get(parent)
+                history, parent_tree = [parent, *pcp.history], pcp.top_tree
             except registry.UnknownCheckpoint:
                 history = [parent]
         with self.store.writer() as w:
@@ -218,6 +254,9 @@ class Engine:
                 progress=(lambda s: progress("capture", s)) if progress else None,
             )
             w.flush()
+            if skip_unchanged and r.top_tree == parent_tree:
+                w.commit(lambda db: dircache.save(db, r.cache_changed, r.cache_removed))
+                return None
             now = time.time_ns()
             if auto:
                 cid, seq = self.registry.next_auto_id(now), None
@@ -270,16 +309,41 @@ class Engine:
         undo = self.create(
             f"before restore to {cid}", created_by=created_by, auto=True, progress=progress
         )
-        intent = json.dumps({"target": cid, "undo": undo.id, "time_ns": time.time_ns()})
-        with self.store.catalog.transaction() as db:
-            registry.set_meta(db, "restore_intent", intent)
-        crashpoint("restore-after-intent")
-        res = self._restore_to(target, undo.top_tree, self.store.read, progress)
+        self._write_intent({"target": cid, "undo": undo.id})
+        res = self._restore_to(target.top_tree, target.id, undo.top_tree, self.store.read, progress)
         return RestoreReport(cid, undo.id, res.stats, res.warnings)
+
+    def reset(self, *, created_by: str = "user", progress: Progress | None = None) -> RestoreReport:
+        """Empties the layer (back to the base image below it), keeping every checkpoint;
+        an automatic checkpoint of what it removes comes first, so it can be undone."""
+        undo = self.create("before reset", created_by=created_by, auto=True, progress=progress)
+        self._write_intent({"target": None, "undo": undo.id})
+        empty = self._empty_top(undo.top_tree)
+        res = self._restore_to(empty, None, undo.top_tree, self.store.read, progress)
+        return RestoreReport(None, undo.id, res.stats, res.warnings)
+
+    def _empty_top(self, top: ObjectId) -> ObjectId:
+        """A top tree whose root keeps the metadata of ``top``'s root and holds nothing.
+        Its objects belong to no checkpoint (a later prune drops them), so it is rebuilt,
+        not remembered, when an interrupted reset resumes."""
+        (dot,) = decode_tree(self.store.read(top))
+        with self.store.writer() as w:
+            inner = w.put(encode_tree([]), ObjectKind.TREE)
+            out = w.put(encode_tree([replace(dot, payload=bytes(inner))]), ObjectKind.TREE)
+            w.commit()
+        return out
+
+    def _write_intent(self, intent: dict[str, Any]) -> None:
+        with self.store.catalog.transaction() as db:
+            registry.set_meta(
+                db, "restore_intent", json.dumps({**intent, "time_ns": time.time_ns()})
+            )
+        crashpoint("restore-after-intent")
 
     def _restore_to(
         self,
-        target: Checkpoint,
+        target_top: ObjectId,
+        target_id: str | None,
         live_top: ObjectId,
         read_tree: Callable[[ObjectId], bytes],
         progress: Progress | None,
@@ -289,14 +353,14 @@ class Engine:
             read_tree,
             self.store.read,
             live_top,
-            target.top_tree,
+            target_top,
             excludes=self.excludes,
             progress=(lambda s: progress("restore", s)) if progress else None,
         )
         crashpoint("restore-before-commit")
         with self.store.catalog.transaction() as db:
             dircache.save(db, res.cache_changed, removed_trees=res.cache_removed)
-            registry.set_meta(db, "active", target.id)
+            registry.set_meta(db, "active", target_id)
             registry.set_meta(db, "restore_intent", None)
         return res
 
@@ -312,14 +376,17 @@ class Engine:
         if intent is None:
             return None
         try:
-            target = self.registry.get(intent["target"])
+            if intent["target"] is None:  # a reset
+                top = self._empty_top(self.registry.get(intent["undo"]).top_tree)
+            else:
+                top = self.registry.get(intent["target"]).top_tree
         except registry.UnknownCheckpoint:
             raise SnapshotError(
-                f"an interrupted restore targets {intent['target']}, which is gone"
+                f"an interrupted restore needs {intent['target'] or intent['undo']}, which is gone"
             ) from None
         live, sink = self._capture_live()  # the half-restored tree as it is now
-        res = self._restore_to(target, live.top_tree, sink.read, progress)
-        return RestoreReport(target.id, intent.get("undo"), res.stats, res.warnings, True)
+        res = self._restore_to(top, intent["target"], live.top_tree, sink.read, progress)
+        return RestoreReport(intent["target"], intent.get("undo"), res.stats, res.warnings, True)
 
     def export(self, cid: str, dest: str, *, progress: Progress | None = None) -> RestoreStats:
         """Writes checkpoint ``cid`` into the empty directory ``dest`` (root untouched)."""
@@ -341,16 +408,22 @@ class Engine:
 
     def delete(self, cid: str) -> DeleteReport:
         """Deletes a checkpoint and frees the space only it used."""
-        self.registry.get(cid)
-        if cid == self.registry.active():
-            raise ActiveCheckpoint(cid)
+        return self.delete_many([cid])
+
+    def delete_many(self, cids: list[str], progress: Progress | None = None) -> DeleteReport:
+        """Deletes checkpoints in one transaction and one collection (a retention sweep)."""
+        for cid in cids:
+            self.registry.get(cid)
+            if cid == self.registry.active():
+                raise ActiveCheckpoint(cid)
         with self.store.catalog.transaction() as db:
-            registry.delete(db, cid)
+            for cid in cids:
+                registry.delete(db, cid)
             registry.set_meta(db, "gc_pending", "1")
         crashpoint("delete-after-row")
-        rep = self.collect()
+        rep = self.collect(progress)
         return DeleteReport(
-            cid, rep.bytes_freed, rep.objects_removed, rep.packs_deleted, rep.packs_written
+            list(cids), rep.bytes_freed, rep.objects_removed, rep.packs_deleted, rep.packs_written
         )
 
     def collect(self, progress: Progress | None = None) -> PruneReport:

@@ -156,6 +156,8 @@ class Registry:
         return f"v{seq}", seq
 
     def next_auto_id(self, now_ns: int | None = None) -> str:
+        """``auto-<UTC second>``, with ``-N`` when that second is taken. Never reused, like
+        v-ids: an "undo with: ..." printed earlier must not come to mean another state."""
         now = now_ns if now_ns is not None else time.time_ns()
         base = "auto-" + datetime.fromtimestamp(now / 1e9, tz=UTC).strftime("%Y%m%dT%H%M%SZ")
         taken = {
@@ -164,12 +166,15 @@ class Registry:
                 "SELECT id FROM checkpoints WHERE id = ? OR id LIKE ?", (base, base + "-%")
             )
         }
-        if base not in taken:
-            return base
-        n = 2
-        while f"{base}-{n}" in taken:
+        last = self.catalog.meta("last_auto") or ""
+        n = 1
+        if last == base:
+            n = 2
+        elif last.startswith(base + "-") and last[len(base) + 1 :].isdigit():
+            n = int(last[len(base) + 1 :]) + 1
+        while (f"{base}-{n}" if n > 1 else base) in taken:
             n += 1
-        return f"{base}-{n}"
+        return f"{base}-{n}" if n > 1 else base
 
 
 def insert(db: sqlite3.Connection, c: Checkpoint) -> None:
@@ -197,6 +202,8 @@ def insert(db: sqlite3.Connection, c: Checkpoint) -> None:
     )
     if c.seq is not None:
         set_meta(db, "next_seq", str(c.seq + 1))
+    if c.is_auto:
+        set_meta(db, "last_auto", c.id)
 
 
 def set_meta(db: sqlite3.Connection, key: str, value: str | None) -> None:

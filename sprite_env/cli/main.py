@@ -20,7 +20,7 @@ import traceback
 from typing import TYPE_CHECKING
 
 from sprite_env import __version__
-from sprite_env.cli import cmd_checkpoints, cmd_demo, cmd_mount, cmd_store
+from sprite_env.cli import cmd_checkpoints, cmd_daemon, cmd_demo, cmd_mount, cmd_store
 from sprite_env.cli.options import add_common_options
 from sprite_env.errors import SpriteError
 
@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_checkpoints.add_restore_parser(sub)
     cmd_store.add_parser(sub)
     cmd_demo.add_parser(sub)
+    cmd_daemon.add_parser(sub)
     return parser
 
 

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +117,10 @@ class Located:
     entry: Entry
 
 
+#: Idle read connections kept for reuse (more threads than this open and close their own).
+_MAX_IDLE_READERS = 8
+
+
 class Catalog:
     """Thread-safe access to the catalog database.
 
@@ -126,8 +131,9 @@ class Catalog:
     def __init__(self, path: str, *, readonly: bool = False) -> None:
         self.path = path
         self._uri = uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
-        self._local = threading.local()
-        self._readers: list[sqlite3.Connection] = []
+        self._idle: list[sqlite3.Connection] = []
+        self._closed = False
+        self._pool_lock = threading.Lock()
         try:
             self._db = sqlite3.connect(
                 uri, uri=True, check_same_thread=False, isolation_level=None, timeout=30
@@ -150,23 +156,31 @@ class Catalog:
             )
 
     def close(self) -> None:
-        with self._lock:
-            for db in self._readers:
+        with self._pool_lock:
+            self._closed = True
+            for db in self._idle:
                 db.close()
-            self._readers.clear()
+            self._idle.clear()
         self._db.close()
 
-    def _reader(self) -> sqlite3.Connection:
-        """This thread's own read connection: lookups from several threads run in
-        parallel (WAL lets readers proceed side by side), never behind the writer's lock.
-        They see committed rows only, which is all a lookup needs."""
-        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+    @contextmanager
+    def _reader(self) -> Iterator[sqlite3.Connection]:
+        """A read connection from a small pool: lookups from several threads run in parallel
+        (WAL lets readers proceed side by side), never behind the writer's lock, and see
+        committed rows only, which is all a lookup needs. A pool rather than one connection
+        per thread, because a long-running daemon's thread pools come and go."""
+        with self._pool_lock:  # not self._lock: a write transaction holds that one
+            db = self._idle.pop() if self._idle else None
         if db is None:
             db = sqlite3.connect(self._uri, uri=True, check_same_thread=False, timeout=30)
-            self._local.db = db
-            with self._lock:
-                self._readers.append(db)
-        return db
+        try:
+            yield db
+        finally:
+            with self._pool_lock:
+                if self._closed or len(self._idle) >= _MAX_IDLE_READERS:
+                    db.close()
+                else:
+                    self._idle.append(db)
 
     def schema_version(self) -> int:
         return int(self._db.execute("PRAGMA user_version").fetchone()[0])
@@ -189,18 +203,16 @@ class Catalog:
     # -- objects -----------------------------------------------------------------------
 
     def has(self, oid: ObjectId) -> bool:
-        row = self._reader().execute("SELECT 1 FROM objects WHERE id=?", (oid,)).fetchone()
+        with self._reader() as db:
+            row = db.execute("SELECT 1 FROM objects WHERE id=?", (oid,)).fetchone()
         return row is not None
 
     def locate(self, oid: ObjectId) -> Located | None:
-        row = (
-            self._reader()
-            .execute(
+        with self._reader() as db:
+            row = db.execute(
                 "SELECT pack, offset, stored_len, raw_len, kind, codec FROM objects WHERE id=?",
                 (oid,),
-            )
-            .fetchone()
-        )
+            ).fetchone()
         if row is None:
             return None
         pack_id, off, slen, rlen, kind, codec = row
@@ -209,7 +221,8 @@ class Catalog:
     def _pack_name(self, pack_id: int) -> PackName:
         name = self._pack_names.get(pack_id)
         if name is None:
-            r = self._reader().execute("SELECT name FROM packs WHERE id=?", (pack_id,)).fetchone()
+            with self._reader() as db:
+                r = db.execute("SELECT name FROM packs WHERE id=?", (pack_id,)).fetchone()
             if r is None:
                 raise StoreError(f"catalog refers to unknown pack row {pack_id}")
             name = self._pack_names[pack_id] = PackName(r[0])
@@ -241,13 +254,13 @@ class Catalog:
             return int(self._db.execute("SELECT count(*) FROM objects").fetchone()[0])
 
     def query(self, sql: str, params: Iterable[object] = ()) -> list[tuple[Any, ...]]:
-        """Runs a read-only query (for stats and checks)."""
-        with self._lock:
-            return list(self._db.execute(sql, tuple(params)).fetchall())
+        """Runs a read-only query on committed rows (never waits for a write transaction)."""
+        with self._reader() as db:
+            return list(db.execute(sql, tuple(params)).fetchall())
 
     def meta(self, key: str, default: str | None = None) -> str | None:
-        with self._lock:
-            r = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        with self._reader() as db:
+            r = db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return default if r is None else str(r[0])
 
 

@@ -119,3 +119,23 @@ def test_unicode_comment_is_kept(engine: Engine) -> None:
     assert engine.info(engine.create("before 🚀 migration\tv2").id).comment == (
         "before 🚀 migration\tv2"
     )
+
+
+def test_auto_ids_are_never_reused(engine: Engine, root: str) -> None:
+    engine.create("manual")
+    second = 1_800_000_000 * 10**9
+    ids = []
+    for _ in range(3):
+        cid = engine.registry.next_auto_id(second)
+        c = engine.create(auto=True)
+        # Pin the id the registry would give within one second, then delete it.
+        ids.append(cid)
+        with engine.store.catalog.transaction() as db:
+            db.execute("UPDATE checkpoints SET id=? WHERE id=?", (cid, c.id))
+            db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('last_auto', ?)", (cid,))
+        engine.delete(cid)
+    assert ids == [
+        "auto-20270115T080000Z",
+        "auto-20270115T080000Z-2",
+        "auto-20270115T080000Z-3",
+    ]

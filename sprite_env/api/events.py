@@ -1,0 +1,56 @@
+"""NDJSON progress events: the one place their shape is defined.
+
+Every line is one JSON object with ``type`` and ``time`` (RFC 3339, UTC) and the ``job``
+number, as on Sprites' management socket:
+
+==========  ==============================================================================
+type        fields
+==========  ==============================================================================
+info        ``data``: a human line ("Saving filesystem state...")
+progress    ``phase`` (capture, restore, prune) and that phase's counters (files, bytes, ...)
+complete    ``data``: a human line; ``id``; more per job (``checkpoint``, ``undo``, ``stats``)
+error       ``error``: a human message; ``code``: a stable error code
+==========  ==============================================================================
+
+The last line of a stream is always ``complete`` or ``error``.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+Event = dict[str, Any]
+
+TERMINAL = frozenset({"complete", "error"})
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _event(type_: str, job: int, fields: dict[str, Any]) -> Event:
+    return {"type": type_, "time": now_rfc3339(), "job": job, **fields}
+
+
+def info(job: int, text: str) -> Event:
+    return _event("info", job, {"data": text})
+
+
+def progress(job: int, phase: str, counters: dict[str, Any]) -> Event:
+    return _event("progress", job, {"phase": phase, **counters})
+
+
+def complete(job: int, text: str, **extra: Any) -> Event:
+    return _event("complete", job, {"data": text, **extra})
+
+
+def error(job: int, message: str, code: str) -> Event:
+    return _event("error", job, {"error": message, "code": code})
+
+
+def encode(event: Event) -> bytes:
+    """One NDJSON line. ASCII-only JSON: a non-UTF-8 file name travels as \\udcXX escapes
+    (Python's surrogateescape), which every JSON parser accepts."""
+    return json.dumps(event, separators=(",", ":")).encode() + b"\n"

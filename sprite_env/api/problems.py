@@ -1,0 +1,71 @@
+"""API errors: a stable ``code``, a human ``message`` and the HTTP status, in one table.
+
+Every error the API returns is the JSON object ``{"code", "message", "status"}`` (or, inside
+a stream, an ``error`` event with ``code``). Clients branch on ``code``, never on text.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sprite_env.checkpoints.engine import ActiveCheckpoint
+from sprite_env.checkpoints.registry import InvalidCheckpointId, UnknownCheckpoint
+from sprite_env.errors import StoreError, StoreLocked, UserError
+
+#: code -> HTTP status. README and llm.txt copy this table.
+STATUS: dict[str, int] = {
+    "invalid_json": 400,
+    "bad_request": 400,
+    "invalid_id": 400,
+    "invalid_comment": 400,
+    "invalid_actor": 400,
+    "not_found": 404,
+    "unknown_path": 404,
+    "method_not_allowed": 405,
+    "request_timeout": 408,
+    "active_checkpoint": 409,
+    "quota_exceeded": 409,
+    "body_too_large": 413,
+    "store_error": 500,
+    "internal": 500,
+    "busy": 503,
+    "stopping": 503,
+}
+
+
+class Problem(Exception):
+    """An error to answer with; raised by handlers, turned into JSON by the server."""
+
+    def __init__(self, code: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = STATUS[code]
+        self.extra = extra
+
+    def to_json(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "status": self.status, **self.extra}
+
+    def body(self) -> bytes:
+        return json.dumps(self.to_json()).encode() + b"\n"
+
+
+def problem_for(error: BaseException) -> Problem:
+    """The problem an exception from the engine (or anywhere) stands for."""
+    if isinstance(error, Problem):
+        return error
+    if isinstance(error, UnknownCheckpoint):
+        return Problem("not_found", str(error))
+    if isinstance(error, InvalidCheckpointId):
+        return Problem("invalid_id", str(error))
+    if isinstance(error, ActiveCheckpoint):
+        return Problem("active_checkpoint", str(error))
+    if isinstance(error, StoreLocked):
+        return Problem("busy", str(error))
+    if isinstance(error, StoreError):
+        return Problem("store_error", str(error))
+    if isinstance(error, UserError):
+        code = getattr(error, "code", "bad_request")
+        return Problem(code if code in STATUS else "bad_request", str(error))
+    return Problem("internal", f"internal error: {type(error).__name__}: {error}")

@@ -1,0 +1,191 @@
+"""The API's endpoints: parse and check the request, call the daemon, shape the answer.
+
+Everything a client can get wrong is caught here and answered with a problem (see
+``problems.py``): unknown paths and methods, ill-formed ids, malformed or oversized JSON,
+unknown fields, wrong types. The daemon's methods see only checked values.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from sprite_env.api.problems import Problem
+from sprite_env.api.server import Request, Response, StreamResponse
+from sprite_env.checkpoints.registry import validate_id
+from sprite_env.daemon.activity import clean_actor
+
+if TYPE_CHECKING:
+    from sprite_env.daemon.service import Daemon
+
+Answer = Response | StreamResponse
+Endpoint = Callable[[Request, dict[str, str]], Awaitable[Answer]]
+
+_ID = r"(?P<id>[^/]+)"
+
+
+def json_response(value: Any, status: int = 200) -> Response:
+    return Response(status, json.dumps(value).encode() + b"\n")
+
+
+def _body(req: Request, allowed: dict[str, type]) -> dict[str, Any]:
+    """The request's JSON object (empty body: {}), with only ``allowed`` fields and types."""
+    if not req.body.strip():
+        return {}
+    try:
+        value = json.loads(req.body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise Problem("invalid_json", f"request body is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise Problem("invalid_json", "request body must be a JSON object")
+    unknown = sorted(set(value) - set(allowed))
+    if unknown:
+        raise Problem(
+            "bad_request", f"unknown field {unknown[0]!r}; known: {', '.join(sorted(allowed))}"
+        )
+    for key, kind in allowed.items():
+        if key in value and value[key] is not None and not isinstance(value[key], kind):
+            raise Problem("bad_request", f"field {key!r} must be a {kind.__name__}")
+    return value
+
+
+def _flag(req: Request, *names: str) -> bool:
+    for name in names:
+        raw = req.query.get(name)
+        if raw is None:
+            continue
+        if raw.lower() in ("", "1", "true", "yes"):
+            return True
+        if raw.lower() in ("0", "false", "no"):
+            return False
+        raise Problem("bad_request", f"query parameter {name} must be true or false, not {raw!r}")
+    return False
+
+
+def _check_query(req: Request, allowed: set[str]) -> None:
+    unknown = sorted(set(req.query) - allowed)
+    if unknown:
+        raise Problem("bad_request", f"unknown query parameter {unknown[0]!r}")
+
+
+def _id(raw: str) -> str:
+    validate_id(raw)
+    return raw
+
+
+class Router:
+    """Maps ``(method, path)`` to an endpoint; 404 for unknown paths, 405 for methods."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.routes: list[tuple[re.Pattern[str], dict[str, Endpoint]]] = [
+            (re.compile(r"/v1/status"), {"GET": self.status}),
+            (re.compile(r"/v1/checkpoints"), {"GET": self.list}),
+            (re.compile(r"/v1/checkpoint"), {"POST": self.create}),
+            (re.compile(rf"/v1/checkpoints/{_ID}"), {"GET": self.info, "DELETE": self.delete}),
+            (re.compile(rf"/v1/checkpoints/{_ID}/restore"), {"POST": self.restore}),
+            (re.compile(rf"/v1/checkpoints/{_ID}/preview"), {"GET": self.preview}),
+            (re.compile(rf"/v1/checkpoints/{_ID}/diff"), {"GET": self.diff}),
+            (re.compile(r"/v1/reset"), {"POST": self.reset}),
+            (re.compile(r"/v1/activity"), {"GET": self.activity}),
+            (re.compile(r"/v1/jobs/(?P<n>[^/]+)"), {"GET": self.job}),
+            (re.compile(r"/v1/jobs/(?P<n>[^/]+)/events"), {"GET": self.job_events}),
+        ]
+
+    async def handle(self, req: Request) -> Answer:
+        path = req.path.rstrip("/") or "/"
+        for pattern, methods in self.routes:
+            m = pattern.fullmatch(path)
+            if m is None:
+                continue
+            endpoint = methods.get(req.method)
+            if endpoint is None:
+                allowed = ", ".join(sorted(methods))
+                problem = Problem(
+                    "method_not_allowed", f"{req.method} not allowed on {path}; use {allowed}"
+                )
+                return Response(405, problem.body(), headers=[("allow", allowed)])
+            return await endpoint(req, m.groupdict())
+        raise Problem("unknown_path", f"no endpoint {path}; see GET /v1/status and llm.txt")
+
+    def _actor(self, req: Request, body: dict[str, Any] | None = None) -> str:
+        try:
+            named = (body or {}).get("created_by") or req.headers.get("x-sprite-actor")
+            return clean_actor(named, "api")
+        except ValueError as e:
+            raise Problem("invalid_actor", str(e)) from None
+        except Exception as e:  # UserError from clean_actor
+            raise Problem("invalid_actor", str(e)) from None
+
+    # -- endpoints -------------------------------------------------------------------------
+
+    async def status(self, req: Request, _: dict[str, str]) -> Answer:
+        return json_response(await self.daemon.status())
+
+    async def list(self, req: Request, _: dict[str, str]) -> Answer:
+        _check_query(req, {"include_auto", "includeAuto", "history"})
+        history = req.query.get("history") or None
+        if history is not None:
+            _id(history)
+        include_auto = _flag(req, "include_auto", "includeAuto")
+        return json_response(await self.daemon.checkpoints(include_auto, history))
+
+    async def info(self, req: Request, p: dict[str, str]) -> Answer:
+        return json_response(await self.daemon.info(_id(p["id"])))
+
+    async def create(self, req: Request, _: dict[str, str]) -> Answer:
+        body = _body(req, {"comment": str, "auto": bool, "reason": str, "created_by": str})
+        job = await self.daemon.create(
+            body.get("comment") or "",
+            self._actor(req, body),
+            auto=bool(body.get("auto")),
+            reason=body.get("reason"),
+        )
+        return StreamResponse(200, job.stream())
+
+    async def restore(self, req: Request, p: dict[str, str]) -> Answer:
+        body = _body(req, {"created_by": str})
+        job = await self.daemon.restore(_id(p["id"]), self._actor(req, body))
+        return StreamResponse(202, job.stream())
+
+    async def reset(self, req: Request, _: dict[str, str]) -> Answer:
+        body = _body(req, {"created_by": str})
+        job = await self.daemon.reset(self._actor(req, body))
+        return StreamResponse(202, job.stream())
+
+    async def delete(self, req: Request, p: dict[str, str]) -> Answer:
+        return json_response(await self.daemon.delete(_id(p["id"]), self._actor(req)))
+
+    async def preview(self, req: Request, p: dict[str, str]) -> Answer:
+        return json_response(await self.daemon.preview(_id(p["id"]), self._actor(req)))
+
+    async def diff(self, req: Request, p: dict[str, str]) -> Answer:
+        _check_query(req, {"against"})
+        against = req.query.get("against") or None
+        if against is not None:
+            _id(against)
+        return json_response(await self.daemon.diff(_id(p["id"]), against, self._actor(req)))
+
+    async def activity(self, req: Request, _: dict[str, str]) -> Answer:
+        _check_query(req, {"limit", "action"})
+        raw = req.query.get("limit", "100")
+        if not raw.isdigit() or not 1 <= int(raw) <= 10_000:
+            raise Problem("bad_request", f"limit must be a number from 1 to 10000, not {raw!r}")
+        entries = await self.daemon.activity_entries(int(raw), req.query.get("action") or None)
+        return json_response(entries)
+
+    def _job(self, raw: str) -> Any:
+        if not raw.isdigit():
+            raise Problem("bad_request", f"job number must be a number, not {raw!r}")
+        job = self.daemon.jobs.get(int(raw))
+        if job is None:
+            raise Problem("not_found", f"no job {raw} (finished jobs are kept for a while)")
+        return job
+
+    async def job(self, req: Request, p: dict[str, str]) -> Answer:
+        return json_response(self._job(p["n"]).to_json())
+
+    async def job_events(self, req: Request, p: dict[str, str]) -> Answer:
+        return StreamResponse(200, self._job(p["n"]).stream())

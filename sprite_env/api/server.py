@@ -1,0 +1,332 @@
+"""HTTP/1.1 on a Unix socket, with h11 on trio: framing, limits and timeouts, no routing.
+
+h11 does all the parsing; this module feeds it bytes and enforces what h11 leaves to the
+server: a body size limit, a deadline for a request to arrive whole (a client that never
+finishes sending is dropped with 408), keep-alive, ``Expect: 100-continue``, and streamed
+responses (chunked) whose writer may vanish at any moment without harming the producer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import http
+import logging
+import os
+import socket as stdsocket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import h11
+import trio
+
+from sprite_env import __version__
+from sprite_env.api.problems import Problem, problem_for
+
+log = logging.getLogger(__name__)
+
+#: Largest request head (request line plus headers).
+MAX_HEAD = 16 * 1024
+#: After an error answer, how long and how much of the rest of a request is read and dropped.
+LINGER_S = 2.0
+LINGER_BYTES = 16 << 20
+#: Connections served at once; more wait in the listen backlog.
+MAX_CONNECTIONS = 256
+
+
+@dataclass(frozen=True)
+class Limits:
+    #: Largest request body accepted (the API's bodies are a comment and a few flags).
+    max_body: int = 64 * 1024
+    #: Seconds a request may take to arrive whole, from its first byte.
+    request_timeout: float = 10.0
+    #: Seconds an idle keep-alive connection is kept open.
+    idle_timeout: float = 60.0
+
+
+SERVER = f"sprite-env/{__version__}".encode()
+
+
+@dataclass
+class Request:
+    method: str
+    path: str  # percent-decoded, without the query
+    query: dict[str, str]
+    headers: dict[str, str]  # lower-case names; a repeated header keeps its last value
+    body: bytes
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class StreamResponse:
+    """A chunked response of NDJSON lines; the iterator is closed if the client leaves."""
+
+    status: int
+    lines: AsyncIterator[bytes]
+    content_type: str = "application/x-ndjson"
+
+
+Handler = Callable[[Request], Awaitable[Response | StreamResponse]]
+
+
+def _reason(status: int) -> bytes:
+    try:
+        return http.HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class _Connection:
+    def __init__(self, stream: trio.abc.Stream, handler: Handler, limits: Limits) -> None:
+        self.stream = stream
+        self.handler = handler
+        self.limits = limits
+        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+
+    async def _send(self, event: h11.Event) -> None:
+        data = self.conn.send(event)
+        if data:
+            try:
+                await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                raise _ClientGone from None
+
+    async def _next_event(self) -> Any:
+        while True:
+            event = self.conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            if self.conn.they_are_waiting_for_100_continue:
+                await self._send(h11.InformationalResponse(status_code=100, headers=[]))
+            try:
+                data = await self.stream.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                raise _ClientGone from None
+            self.conn.receive_data(bytes(data))
+
+    async def serve(self) -> None:
+        try:
+            while await self._first_bytes() and await self._one_request():
+                if self.conn.our_state is not h11.DONE or self.conn.their_state is not h11.DONE:
+                    return  # MUST_CLOSE (HTTP/1.0, "Connection: close") or a broken exchange
+                self.conn.start_next_cycle()
+        except _ClientGone:
+            return
+        except h11.ProtocolError as e:  # our own misuse of h11 would be a bug: log it
+            log.warning("HTTP protocol error: %s", e)
+        finally:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await self.stream.aclose()
+
+    async def _first_bytes(self) -> bool:
+        """Waits (at most the idle timeout) for the next request to begin."""
+        if self.conn.trailing_data[0]:  # pipelined: already here
+            return True
+        with trio.move_on_after(self.limits.idle_timeout):
+            try:
+                data = await self.stream.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return False
+            self.conn.receive_data(bytes(data))
+            return bool(data)
+        return False
+
+    async def _one_request(self) -> bool:
+        """Reads one request, answers it; False when the connection must end."""
+        try:
+            with trio.fail_after(self.limits.request_timeout):
+                request = await self._read_request()
+        except trio.TooSlowError:
+            self._give_up_reading()
+            await self._answer_problem(Problem("request_timeout", "request not received in time"))
+            return False
+        except h11.RemoteProtocolError as e:
+            status = e.error_status_hint
+            code = "body_too_large" if status == 413 else "bad_request"
+            await self._answer_problem(Problem(code, f"malformed request: {e}"), status)
+            return False
+        except Problem as p:  # a body over the limit: answered, then closed
+            self._give_up_reading()
+            await self._answer_problem(p)
+            return False
+        if request is None:
+            return False
+        try:
+            response = await self.handler(request)
+        except Exception as e:  # a handler's failure is the client's answer, not our crash
+            problem = problem_for(e)
+            if problem.code == "internal":
+                log.exception("handler failed for %s %s", request.method, request.path)
+            response = Response(problem.status, problem.body())
+        if isinstance(response, StreamResponse):
+            await self._stream(response)
+        else:
+            await self._respond(response)
+        return True
+
+    async def _read_request(self) -> Request | None:
+        event = await self._next_event()
+        if isinstance(event, h11.ConnectionClosed):
+            return None
+        assert isinstance(event, h11.Request), event
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in event.headers}
+        length = headers.get("content-length")
+        limit = self.limits.max_body
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise Problem("body_too_large", f"request body over {limit} bytes")
+        body = bytearray()
+        while True:
+            part = await self._next_event()
+            if isinstance(part, h11.Data):
+                body += part.data
+                if len(body) > limit:
+                    raise Problem("body_too_large", f"request body over {limit} bytes")
+            elif isinstance(part, h11.EndOfMessage):
+                break
+            else:  # ConnectionClosed mid-body
+                raise _ClientGone
+        target = urlsplit(event.target.decode("latin-1"))
+        return Request(
+            method=event.method.decode("ascii", "replace").upper(),
+            path=unquote(target.path),
+            query=dict(parse_qsl(target.query, keep_blank_values=True)),
+            headers=headers,
+            body=bytes(body),
+        )
+
+    def _headers(
+        self, content_type: str, extra: list[tuple[str, str]]
+    ) -> list[tuple[bytes, bytes]]:
+        out = [(b"content-type", content_type.encode()), (b"server", SERVER)]
+        out += [(k.encode(), v.encode()) for k, v in extra]
+        return out
+
+    def _give_up_reading(self) -> None:
+        """Ends the request as h11 sees it (as if the peer hung up), so that an error
+        response may be sent whatever state the half-read request left h11 in."""
+        if self.conn.their_state is h11.ERROR:
+            return
+        self.conn.receive_data(b"")
+        with contextlib.suppress(h11.RemoteProtocolError):
+            while self.conn.next_event() not in (h11.NEED_DATA, h11.PAUSED):
+                pass
+
+    async def _respond(self, r: Response) -> None:
+        if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            return
+        headers = self._headers(r.content_type, r.headers)
+        headers.append((b"content-length", str(len(r.body)).encode()))
+        await self._send(
+            h11.Response(status_code=r.status, headers=headers, reason=_reason(r.status))
+        )
+        await self._send(h11.Data(data=r.body))
+        await self._send(h11.EndOfMessage())
+
+    async def _answer_problem(self, p: Problem, status: int | None = None) -> None:
+        """Answers an unreadable request, then drains what the client still sends for a
+        moment: closing on unread data would reset the connection, and the client would
+        never read the answer."""
+        with contextlib.suppress(_ClientGone, h11.LocalProtocolError):
+            await self._respond(
+                Response(status or p.status, p.body(), headers=[("connection", "close")])
+            )
+        with trio.move_on_after(LINGER_S), contextlib.suppress(Exception):
+            await self.stream.send_eof()  # type: ignore[attr-defined]
+            drained = 0
+            while drained < LINGER_BYTES:
+                data = await self.stream.receive_some(65536)
+                if not data:
+                    break
+                drained += len(data)
+
+    async def _stream(self, r: StreamResponse) -> None:
+        headers = self._headers(r.content_type, [("cache-control", "no-cache")])
+        try:
+            await self._send(
+                h11.Response(status_code=r.status, headers=headers, reason=_reason(r.status))
+            )
+            async for line in r.lines:
+                await self._send(h11.Data(data=line))
+            await self._send(h11.EndOfMessage())
+        finally:
+            aclose = getattr(r.lines, "aclose", None)
+            if aclose is not None:
+                with trio.CancelScope(shield=True):
+                    await aclose()
+
+
+async def handle(stream: trio.abc.Stream, handler: Handler, limits: Limits | None = None) -> None:
+    """Serves every request that arrives on one connection."""
+    await _Connection(stream, handler, limits or Limits()).serve()
+
+
+def bind_unix_socket(path: str, *, group: str | None = None) -> trio.socket.SocketType:
+    """A listening Unix socket at ``path``, mode 0600 (0660 and chgrp'ed with ``group``).
+
+    The mode is set by the umask at bind time, so there is no moment when others may connect.
+    The caller has made sure no live server owns ``path`` (the daemon lock), so a file left
+    there is stale and replaced.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = stdsocket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    if group is not None:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            sock.close()
+            raise ValueError(f"unknown group {group!r}") from None
+        os.chown(path, -1, gid)
+        os.chmod(path, 0o660)
+    sock.listen(128)
+    return trio.socket.from_stdlib_socket(sock)
+
+
+async def serve_unix(
+    path: str,
+    handler: Handler,
+    *,
+    group: str | None = None,
+    limits: Limits | None = None,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serves ``handler`` on a Unix socket at ``path`` until cancelled (then removes it)."""
+    sock = bind_unix_socket(path, group=group)
+    listener = trio.SocketListener(sock)
+    slots = trio.Semaphore(MAX_CONNECTIONS)  # taken before accept: excess waits in the backlog
+
+    async def one(stream: trio.abc.Stream) -> None:
+        try:
+            await handle(stream, handler, limits)
+        finally:
+            slots.release()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                await slots.acquire()
+                stream = await listener.accept()
+                nursery.start_soon(one, stream)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        await listener.aclose()

@@ -1,0 +1,49 @@
+"""``sprite-env daemon``: run the API server, the checkpoint view and the scheduler."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sprite_env.cli.options import add_common_options
+
+if TYPE_CHECKING:
+    import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("daemon", help="serve the API socket, the checkpoint view, auto checkpoints")
+    p.add_argument("--state", metavar="DIR", help="state directory (default: ROOT/.sprite)")
+    p.add_argument("--socket-group", metavar="GROUP", help="let GROUP use the socket (mode 0660)")
+    p.add_argument(
+        "--auto-interval",
+        type=float,
+        default=60.0,
+        metavar="MIN",
+        help="take an auto checkpoint every MIN minutes when the layer changed (0: never)",
+    )
+    p.add_argument(
+        "--max-checkpoints",
+        type=int,
+        default=200,
+        metavar="N",
+        help="quota: at most N checkpoints; auto ones are pruned first, manual ones never",
+    )
+    p.add_argument(
+        "--view-count", type=int, default=5, metavar="N", help="checkpoints shown in the view"
+    )
+    p.add_argument("--no-view", action="store_true", help="do not mount STATE/checkpoints")
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds a client may take to send a whole request",
+    )
+    add_common_options(p)
+    p.set_defaults(func=cmd_daemon)
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    from sprite_env.daemon.service import run_from_args
+
+    return run_from_args(args)

@@ -1,0 +1,523 @@
+"""The daemon: owns the engine and runs everything around it in one trio process.
+
+Start-up order matters: the state directory's lock first (one daemon per state), then the
+engine (which finishes an interrupted restore), and only then the socket, so a client
+never talks to a daemon whose layer is half restored: until the socket exists, clients
+wait. Shutdown runs the other way: stop accepting, fail queued jobs, let the running one
+finish, take an automatic checkpoint if the layer changed, unmount the view, close.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from sprite_env import __version__
+from sprite_env.api import events
+from sprite_env.api.server import Limits, serve_unix
+from sprite_env.checkpoints import Engine
+from sprite_env.daemon.activity import ActivityLog
+from sprite_env.daemon.jobs import Job, JobRunner
+from sprite_env.daemon.retention import RetentionPolicy, make_room, plan_retention
+from sprite_env.daemon.scheduler import run_scheduler
+from sprite_env.errors import SpriteError, UserError
+
+if TYPE_CHECKING:
+    import argparse
+
+    from sprite_env.api.events import Event
+    from sprite_env.checkpoints.registry import Checkpoint
+    from sprite_env.fuse.operations import ViewOperations
+    from sprite_env.snapshot.diff import Difference
+
+log = logging.getLogger("sprite_env.daemon")
+
+#: An ``{"auto": true}`` request is satisfied by an automatic checkpoint this recent.
+RECENT_AUTO_S = 600
+
+
+class DaemonRunning(SpriteError):
+    exit_code = 4
+
+
+@dataclass
+class DaemonConfig:
+    root: str = "/"
+    state: str = "/.sprite"
+    store: str | None = None  # default STATE/store
+    socket_group: str | None = None
+    auto_interval_s: float = 3600.0
+    max_checkpoints: int = 200
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    view: bool = True
+    view_count: int = 5
+    limits: Limits = field(default_factory=Limits)
+    excludes: list[str] | None = None
+
+    @property
+    def store_dir(self) -> str:
+        return self.store or os.path.join(self.state, "store")
+
+    @property
+    def socket(self) -> str:
+        return os.path.join(self.state, "api.sock")
+
+    @property
+    def mountpoint(self) -> str:
+        return os.path.join(self.state, "checkpoints")
+
+
+class Daemon:
+    """The operations the API exposes, over one engine. Methods run in the trio thread;
+    engine work goes to worker threads, one job at a time through :class:`JobRunner`."""
+
+    def __init__(self, config: DaemonConfig, engine: Engine, activity: ActivityLog) -> None:
+        self.config = config
+        self.engine = engine
+        self.activity = activity
+        self.jobs = JobRunner()
+        self.view: ViewOperations | None = None
+        self.started = events.now_rfc3339()
+        self.jobs.on_finished.append(self._after_job)
+
+    # -- reads (concurrent with jobs: the catalog's readers see committed rows) ------------
+
+    async def status(self) -> dict[str, Any]:
+        running = self.jobs.running
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "root": self.config.root,
+            "state": self.config.state,
+            "store": self.config.store_dir,
+            "started": self.started,
+            "active": await trio.to_thread.run_sync(self.engine.active),
+            "job": running.to_json() if running else None,
+            "queued": self.jobs.queued(),
+            "mount": self.config.mountpoint if self.view is not None else None,
+            "auto_interval_s": self.config.auto_interval_s,
+            "max_checkpoints": self.config.max_checkpoints,
+        }
+
+    async def checkpoints(self, include_auto: bool, history: str | None) -> list[dict[str, Any]]:
+        def read() -> list[dict[str, Any]]:
+            active = self.engine.active()
+            cps = self.engine.checkpoints(include_auto=include_auto, history=history)
+            return [c.to_json(active=active) for c in cps]
+
+        return await trio.to_thread.run_sync(read)
+
+    async def info(self, cid: str) -> dict[str, Any]:
+        def read() -> dict[str, Any]:
+            return self.engine.info(cid).to_json(active=self.engine.active())
+
+        return await trio.to_thread.run_sync(read)
+
+    async def diff(self, a: str, b: str | None, actor: str) -> dict[str, Any]:
+        if b is not None:  # two checkpoints: only the store is read, no need to queue
+            diffs = await trio.to_thread.run_sync(self.engine.diff, a, b)
+            return _diff_json(a, b, diffs)
+        await trio.to_thread.run_sync(self.engine.info, a)  # unknown id: 404 before queueing
+
+        async def body(job: Job) -> Event:
+            job.info(f"Comparing {a} with the live layer...")
+            diffs = await trio.to_thread.run_sync(self.engine.diff, a, None)
+            return events.complete(job.id, "Diff done", id=a, diff=_diff_json(a, None, diffs))
+
+        job = self.jobs.submit("diff", a, actor, body)
+        return _wait_result(await _finished(job), "diff")
+
+    async def preview(self, cid: str, actor: str) -> dict[str, Any]:
+        await trio.to_thread.run_sync(self.engine.info, cid)
+
+        async def body(job: Job) -> Event:
+            p = await trio.to_thread.run_sync(self.engine.preview, cid)
+            changes = [_change_json(d) for d in p.differences]
+            result = {"id": cid, "counts": p.counts(), "changes": changes}
+            return events.complete(job.id, "Preview done", id=cid, preview=result)
+
+        job = self.jobs.submit("preview", cid, actor, body)
+        return _wait_result(await _finished(job), "preview")
+
+    async def activity_entries(self, limit: int, action: str | None) -> list[dict[str, Any]]:
+        return await trio.to_thread.run_sync(lambda: self.activity.entries(limit, action))
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    async def create(
+        self, comment: str, actor: str, *, auto: bool = False, reason: str | None = None
+    ) -> Job:
+        from sprite_env.checkpoints.engine import check_comment
+
+        text = reason if auto and reason else comment
+        check_comment(text)
+        if not auto:  # a manual create over the quota is refused before its stream starts
+            await trio.to_thread.run_sync(self._room_for, 1, True)
+
+        async def body(job: Job) -> Event:
+            if auto:
+                recent = await trio.to_thread.run_sync(self._recent_auto)
+                if recent is not None:
+                    return events.complete(
+                        job.id,
+                        f"Checkpoint {recent.id} is less than {RECENT_AUTO_S // 60} minutes old",
+                        id=recent.id,
+                        skipped=True,
+                        checkpoint=recent.to_json(),
+                    )
+            job.info("Creating checkpoint...")
+            await trio.to_thread.run_sync(self._room_for, 1, False, actor)
+            job.info("Saving filesystem state...")
+            cp = await trio.to_thread.run_sync(
+                lambda: self.engine.create(
+                    text, created_by=actor, auto=auto, progress=job.progress_from_thread()
+                )
+            )
+            await self._record("create", cp.id, actor, True, text)
+            if auto:
+                await self._apply_retention()
+            return events.complete(
+                job.id,
+                f"Checkpoint {cp.id} created successfully",
+                id=cp.id,
+                checkpoint=cp.to_json(active=cp.id),
+            )
+
+        return self.jobs.submit("create", None, actor, self._recorded("create", None, actor, body))
+
+    async def restore(self, cid: str, actor: str) -> Job:
+        await trio.to_thread.run_sync(self.engine.info, cid)  # 404/400 before the 202
+
+        async def body(job: Job) -> Event:
+            job.info(f"Restoring from checkpoint {cid}...")
+            await trio.to_thread.run_sync(self._room_for, 1, False, actor)  # the undo point
+            rep = await trio.to_thread.run_sync(
+                lambda: self.engine.restore(
+                    cid, created_by=actor, progress=job.progress_from_thread()
+                )
+            )
+            await self._record("restore", cid, actor, True, f"undo: {rep.undo}")
+            await self._apply_retention()
+            return events.complete(
+                job.id, f"Restore from {cid} complete", id=cid, undo=rep.undo, stats=rep.to_json()
+            )
+
+        return self.jobs.submit("restore", cid, actor, self._recorded("restore", cid, actor, body))
+
+    async def reset(self, actor: str) -> Job:
+        async def body(job: Job) -> Event:
+            job.info("Resetting the layer to the base image...")
+            await trio.to_thread.run_sync(self._room_for, 1, False, actor)
+            rep = await trio.to_thread.run_sync(
+                lambda: self.engine.reset(created_by=actor, progress=job.progress_from_thread())
+            )
+            await self._record("reset", None, actor, True, f"undo: {rep.undo}")
+            await self._apply_retention()
+            return events.complete(job.id, "Reset complete", undo=rep.undo, stats=rep.to_json())
+
+        return self.jobs.submit("reset", None, actor, self._recorded("reset", None, actor, body))
+
+    async def delete(self, cid: str, actor: str) -> dict[str, Any]:
+        await trio.to_thread.run_sync(self.engine.info, cid)
+
+        async def body(job: Job) -> Event:
+            rep = await trio.to_thread.run_sync(self.engine.delete, cid)
+            await self._record("delete", cid, actor, True, f"{rep.bytes_freed} bytes freed")
+            return events.complete(job.id, f"Deleted {cid}", id=cid, report=rep.to_json())
+
+        job = self.jobs.submit("delete", cid, actor, self._recorded("delete", cid, actor, body))
+        return _wait_result(await _finished(job), "report")
+
+    def _recorded(self, action: str, cid: str | None, actor: str, body: Any) -> Any:
+        """Wraps a job body so that a failure is in the activity log too."""
+
+        async def wrapped(job: Job) -> Event:
+            try:
+                return await body(job)  # type: ignore[no-any-return]
+            except Exception as e:
+                with trio.CancelScope(shield=True):
+                    await self._record(action, cid, actor, False, str(e))
+                raise
+
+        return wrapped
+
+    async def _record(
+        self, action: str, cid: str | None, actor: str, ok: bool, detail: str
+    ) -> None:
+        try:
+            await trio.to_thread.run_sync(
+                lambda: self.activity.record(action, cid, actor, ok, detail)
+            )
+        except OSError as e:  # a full disk must not fail the job that already succeeded
+            log.error("activity log: %s", e)
+
+    # -- policies --------------------------------------------------------------------------
+
+    def _room_for(self, adding: int, check_only: bool, actor: str = "quota") -> None:
+        """Deletes automatic checkpoints (oldest first) so ``adding`` more fit the quota;
+        raises ``quota_exceeded`` if only manual checkpoints would be left to delete."""
+        cps = self.engine.checkpoints(include_auto=True)
+        active = self.engine.active()
+        drop = make_room(
+            [(c.id, c.is_auto, c.create_time_ns) for c in cps],
+            self.config.max_checkpoints,
+            adding=adding,
+            protect={active} if active else set(),
+        )
+        if drop and not check_only:
+            self.engine.delete_many(drop)
+            for cid in drop:
+                self.activity.record(
+                    "delete", cid, "quota", True, f"room for a checkpoint of {actor}"
+                )
+
+    def _recent_auto(self) -> Checkpoint | None:
+        now = time.time_ns()
+        for c in self.engine.checkpoints(include_auto=True):
+            if c.is_auto and now - c.create_time_ns < RECENT_AUTO_S * 1_000_000_000:
+                return c
+        return None
+
+    async def _apply_retention(self) -> None:
+        def prune() -> list[str]:
+            autos = [
+                (c.id, c.create_time_ns)
+                for c in self.engine.checkpoints(include_auto=True)
+                if c.is_auto
+            ]
+            active = self.engine.active()
+            plan = plan_retention(
+                autos, self.config.retention, protect={active} if active else set()
+            )
+            if plan.drop:
+                self.engine.delete_many(plan.drop)
+                for cid in plan.drop:
+                    self.activity.record("delete", cid, "retention", True, "pruned by policy")
+            return plan.drop
+
+        dropped = await trio.to_thread.run_sync(prune)
+        if dropped:
+            log.info("retention pruned %s", ", ".join(dropped))
+
+    async def scheduled(self, reason: str) -> None:
+        """The scheduler's tick: an automatic checkpoint if the layer changed."""
+
+        async def body(job: Job) -> Event:
+            await trio.to_thread.run_sync(self._room_for, 1, False, "scheduler")
+            cp = await trio.to_thread.run_sync(
+                lambda: self.engine.create_if_changed(
+                    reason, created_by="scheduler", progress=job.progress_from_thread()
+                )
+            )
+            if cp is None:
+                return events.complete(job.id, "Layer unchanged; no checkpoint", skipped=True)
+            await self._record("create", cp.id, "scheduler", True, reason)
+            await self._apply_retention()
+            return events.complete(job.id, f"Checkpoint {cp.id} created successfully", id=cp.id)
+
+        await _finished(self.jobs.submit("auto", None, "scheduler", body))
+
+    def _after_job(self, job: Job) -> None:
+        if self.view is not None and job.kind in ("create", "restore", "reset", "delete", "auto"):
+            self.view.refresh()
+
+
+async def _finished(job: Job) -> Job:
+    await job.done.wait()
+    return job
+
+
+def _wait_result(job: Job, key: str) -> dict[str, Any]:
+    if job.problem is not None:
+        raise job.problem
+    result: dict[str, Any] = job.result[key]
+    return result
+
+
+def _change_json(d: Difference) -> dict[str, Any]:
+    return d.to_json()
+
+
+def _diff_json(a: str, b: str | None, diffs: list[Difference]) -> dict[str, Any]:
+    changes = [_change_json(d) for d in diffs]
+    counts: dict[str, int] = {}
+    for c in changes:
+        counts[c["change"]] = counts.get(c["change"], 0) + 1
+    return {"from": a, "to": b or "live", "counts": counts, "changes": changes}
+
+
+# -- running ---------------------------------------------------------------------------------
+
+
+def _lock_state(state: str) -> int:
+    """Takes the state directory's lock (one daemon per state) and writes our pid into it."""
+    path = os.path.join(state, "daemon.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise DaemonRunning(f"another sprite-env daemon (pid {pid}) serves {state}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def install_llm_txt(state: str) -> str:
+    """Writes the agents' guide to STATE/llm.txt (atomically: readers never see half)."""
+    text = resources.files("sprite_env").joinpath("llm.txt").read_bytes()
+    dest = os.path.join(state, "llm.txt")
+    tmp = dest + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, dest)
+    return dest
+
+
+async def run(
+    config: DaemonConfig, *, task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Runs the daemon until SIGTERM or SIGINT (or cancellation)."""
+    state = config.state  # absolute (config_from_args)
+    os.makedirs(state, mode=0o755, exist_ok=True)
+    lock_fd = _lock_state(state)
+    try:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            install_llm_txt(state)
+            log.info("opening %s (store %s)", config.root, config.store_dir)
+            engine = await trio.to_thread.run_sync(
+                lambda: Engine(
+                    config.root,
+                    config.store_dir,
+                    excludes=config.excludes,
+                    exclude_dirs=[state],
+                    progress=None,
+                )
+            )
+            try:
+                activity = ActivityLog(os.path.join(state, "activity.jsonl"))
+                daemon = Daemon(config, engine, activity)
+                await _serve(daemon, signals, task_status)
+            finally:
+                engine.close()
+    finally:
+        os.close(lock_fd)
+
+
+async def _serve(
+    daemon: Daemon,
+    signals: Any,
+    task_status: trio.TaskStatus[Daemon],
+) -> None:
+    from sprite_env.api.routes import Router
+
+    config = daemon.config
+    async with trio.open_nursery() as outer:  # the view: last to go
+        if config.view:
+            daemon.view = await _start_view(outer, daemon)
+        async with trio.open_nursery() as inner:
+            inner.start_soon(daemon.jobs.run)
+            with trio.CancelScope() as front:  # socket and scheduler: first to go
+                async with trio.open_nursery() as front_nursery:
+                    await front_nursery.start(
+                        lambda task_status: serve_unix(
+                            config.socket,
+                            Router(daemon).handle,
+                            group=config.socket_group,
+                            limits=config.limits,
+                            task_status=task_status,
+                        )
+                    )
+                    log.info("listening on %s", config.socket)
+                    front_nursery.start_soon(
+                        lambda: run_scheduler(daemon.scheduled, interval=config.auto_interval_s)
+                    )
+                    task_status.started(daemon)
+                    async for signum in signals:
+                        log.info("%s: stopping", signal.Signals(signum).name)
+                        break
+                    front.cancel()
+            daemon.jobs.close()  # queued jobs fail; the running one ends; run() returns
+        await _shutdown_checkpoint(daemon)
+        outer.cancel_scope.cancel()
+
+
+async def _start_view(nursery: trio.Nursery, daemon: Daemon) -> ViewOperations | None:
+    from sprite_env.fuse.mount import serve
+    from sprite_env.fuse.operations import ViewConfig
+    from sprite_env.fuse.source import StoreSource
+
+    with contextlib.suppress(OSError):  # exists (or is a stale mount: serve() detaches it)
+        os.mkdir(daemon.config.mountpoint, 0o755)
+    source = StoreSource.from_engine(daemon.engine)
+    view_config = ViewConfig(count=daemon.config.view_count)
+
+    async def mounted(task_status: trio.TaskStatus[ViewOperations]) -> None:
+        try:
+            await serve(source, daemon.config.mountpoint, view_config, task_status=task_status)
+        except SpriteError as e:
+            log.error("checkpoint view not mounted: %s", e)
+            task_status.started(None)  # type: ignore[arg-type]
+
+    try:
+        ops: ViewOperations | None = await nursery.start(mounted)
+    except SpriteError as e:
+        log.error("checkpoint view not mounted: %s", e)
+        return None
+    if ops is not None:
+        log.info("checkpoint view at %s", daemon.config.mountpoint)
+    return ops
+
+
+async def _shutdown_checkpoint(daemon: Daemon) -> None:
+    """At a clean shutdown, an automatic checkpoint if the layer changed since the last."""
+    if daemon.config.auto_interval_s <= 0:
+        return
+    try:
+        cp = await trio.to_thread.run_sync(
+            lambda: daemon.engine.create_if_changed("at daemon shutdown", created_by="scheduler")
+        )
+    except (SpriteError, OSError) as e:
+        log.error("shutdown checkpoint failed: %s", e)
+        return
+    if cp is not None:
+        daemon.activity.record("create", cp.id, "scheduler", True, "at daemon shutdown")
+        log.info("shutdown checkpoint %s", cp.id)
+
+
+def config_from_args(args: argparse.Namespace) -> DaemonConfig:
+    root = os.path.abspath(args.root or "/")
+    state = os.path.abspath(args.state or os.path.join(root, ".sprite"))
+    if args.max_checkpoints < 1:
+        raise UserError("--max-checkpoints must be at least 1")
+    return DaemonConfig(
+        root=root,
+        state=state,
+        store=os.path.abspath(args.store) if args.store else None,
+        socket_group=args.socket_group,
+        auto_interval_s=args.auto_interval * 60.0,
+        max_checkpoints=args.max_checkpoints,
+        view=not args.no_view,
+        view_count=args.view_count,
+        limits=Limits(request_timeout=args.request_timeout),
+        excludes=args.exclude,
+    )
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = config_from_args(args)
+    with contextlib.suppress(KeyboardInterrupt):
+        trio.run(run, config)
+    return 0

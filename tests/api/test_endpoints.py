@@ -1,0 +1,298 @@
+"""Every endpoint of a real daemon, over its Unix socket: shapes, streams, jobs, policies."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.helpers import trees
+
+pytestmark = pytest.mark.integration
+
+
+def _write(root: str, rel: str, data: bytes) -> None:
+    path = os.path.join(root, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _create(d: Any, comment: str = "", **body: Any) -> dict[str, Any]:
+    status, evs = d.stream("POST", "/v1/checkpoint", {"comment": comment, **body})
+    assert status == 200, evs
+    assert evs[-1]["type"] == "complete", evs
+    return evs[-1]  # type: ignore[no-any-return]
+
+
+def test_create_streams_events_and_lists(daemon: Any) -> None:
+    _write(daemon.root, "etc/hosts", b"127.0.0.1 localhost\n")
+    status, headers, raw = daemon.request(
+        "POST", "/v1/checkpoint", {"comment": "first"}, headers={"X-Sprite-Actor": "my-agent"}
+    )
+    assert status == 200
+    assert headers["content-type"] == "application/x-ndjson"
+    evs = [json.loads(line) for line in raw.splitlines()]
+    for e in evs:
+        assert {"type", "time", "job"} <= e.keys()
+        assert e["time"].endswith("Z")
+    assert [e["data"] for e in evs if e["type"] == "info"] == [
+        "Creating checkpoint...",
+        "Saving filesystem state...",
+    ]
+    last = evs[-1]
+    assert last["type"] == "complete"
+    assert last["id"] == "v0"
+    assert last["data"] == "Checkpoint v0 created successfully"
+    assert last["checkpoint"]["created_by"] == "my-agent"
+
+    status, cps = daemon.json("GET", "/v1/checkpoints")
+    assert status == 200
+    assert [c["id"] for c in cps] == ["v0"]
+    c = cps[0]
+    for key in ("id", "create_time", "comment", "is_auto", "history", "created_by", "parent"):
+        assert key in c
+    assert (c["comment"], c["is_auto"], c["is_active"], c["files"]) == ("first", False, True, 1)
+
+    status, info = daemon.json("GET", "/v1/checkpoints/v0")
+    assert status == 200
+    assert info == c
+
+    _write(daemon.root, "b.txt", b"b")
+    assert _create(daemon, "second")["id"] == "v1"
+    status, cps = daemon.json("GET", "/v1/checkpoints")
+    assert [c["id"] for c in cps] == ["v1", "v0"]  # newest first
+    assert cps[0]["history"] == ["v0"] and cps[0]["parent"] == "v0"
+    status, hist = daemon.json("GET", "/v1/checkpoints?history=v0")
+    assert [c["id"] for c in hist] == ["v1", "v0"]
+
+
+def test_restore_answers_202_streams_and_restores(daemon: Any) -> None:
+    spec = trees.sample_spec()
+    trees.build_tree(daemon.root, spec)
+    before = trees.snapshot_tree(daemon.root)
+    _create(daemon, "good")
+    _write(daemon.root, "junk/new.txt", b"oops")
+    os.unlink(os.path.join(daemon.root, "big.bin")) if os.path.exists(
+        os.path.join(daemon.root, "big.bin")
+    ) else None
+
+    status, preview = daemon.json("GET", "/v1/checkpoints/v0/preview")
+    assert status == 200
+    assert preview["counts"]["remove"] >= 1
+    assert any(ch["path"] == "junk" for ch in preview["changes"])
+
+    status, evs = daemon.stream("POST", "/v1/checkpoints/v0/restore")
+    assert status == 202
+    last = evs[-1]
+    assert last["type"] == "complete", evs
+    assert last["data"] == "Restore from v0 complete"
+    assert last["undo"].startswith("auto-")
+    assert evs[0] == {**evs[0], "type": "info", "data": "Restoring from checkpoint v0..."}
+    trees.assert_trees_equal(before, daemon.root)
+
+    # The undo point is hidden unless asked for, and holds the junk.
+    status, cps = daemon.json("GET", "/v1/checkpoints")
+    assert [c["id"] for c in cps] == ["v0"]
+    status, cps = daemon.json("GET", "/v1/checkpoints?include_auto=true")
+    assert {c["id"] for c in cps} == {"v0", last["undo"]}
+    status, d = daemon.json("GET", f"/v1/checkpoints/v0/diff?against={last['undo']}")
+    assert status == 200
+    assert {"path": "junk", "change": "added", "type": "dir"}.items() <= next(
+        ch for ch in d["changes"] if ch["path"] == "junk"
+    ).items()
+
+
+def test_diff_against_live_and_between_checkpoints(daemon: Any) -> None:
+    _write(daemon.root, "a.txt", b"one")
+    _create(daemon)
+    _write(daemon.root, "a.txt", b"two!")
+    _write(daemon.root, "new.txt", b"n")
+    status, live = daemon.json("GET", "/v1/checkpoints/v0/diff")
+    assert status == 200
+    assert live["from"] == "v0" and live["to"] == "live"
+    assert {(c["path"], c["change"]) for c in live["changes"]} >= {
+        ("a.txt", "modified"),
+        ("new.txt", "added"),
+    }
+    _create(daemon)
+    status, between = daemon.json("GET", "/v1/checkpoints/v0/diff?against=v1")
+    assert {(c["path"], c["change"]) for c in between["changes"]} == {
+        (c["path"], c["change"]) for c in live["changes"]
+    }
+    assert between["counts"]["added"] == 1
+
+
+def test_delete_frees_and_refuses_the_active_one(daemon: Any) -> None:
+    _write(daemon.root, "a.bin", os.urandom(200_000))
+    _create(daemon)
+    _write(daemon.root, "a.bin", os.urandom(200_000))
+    _create(daemon)
+    status, err = daemon.json("DELETE", "/v1/checkpoints/v1")
+    assert (status, err["code"], err["status"]) == (409, "active_checkpoint", 409)
+    assert "cannot delete active checkpoint" in err["message"]
+    status, rep = daemon.json("DELETE", "/v1/checkpoints/v0")
+    assert status == 200
+    assert rep["id"] == "v0" and rep["bytes_freed"] > 150_000
+    status, err = daemon.json("DELETE", "/v1/checkpoints/v0")
+    assert (status, err["code"]) == (404, "not_found")
+    # Ids are never reused.
+    assert _create(daemon)["id"] == "v2"
+
+
+def test_jobs_queue_one_at_a_time_and_survive_a_client_that_leaves(daemon: Any) -> None:
+    for i in range(300):
+        _write(daemon.root, f"d{i % 10}/f{i}", os.urandom(20_000))
+    # A client sends a create, reads one line and hangs up.
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(daemon.socket)
+    body = b'{"comment": "left"}'
+    s.sendall(
+        b"POST /v1/checkpoint HTTP/1.1\r\nHost: sprite\r\nContent-Length: %d\r\n\r\n%s"
+        % (len(body), body)
+    )
+    first = s.recv(4096)
+    assert b"200" in first.split(b"\r\n")[0]
+    s.close()
+    # A second create queued behind it says what it waits for (or runs after it).
+    status, evs = daemon.stream("POST", "/v1/checkpoint", {"comment": "second"})
+    assert status == 200
+    assert evs[-1]["type"] == "complete" and evs[-1]["id"] == "v1"
+    waits = [e["data"] for e in evs if e["type"] == "info" and e["data"].startswith("Waiting")]
+    assert waits in ([], ["Waiting for job 1 (create)..."])
+    status, cps = daemon.json("GET", "/v1/checkpoints")
+    assert [(c["id"], c["comment"]) for c in cps] == [("v1", "second"), ("v0", "left")]
+    status, job = daemon.json("GET", "/v1/jobs/1")
+    assert (job["state"], job["kind"], job["result"]["id"]) == ("done", "create", "v0")
+    status, evs = daemon.stream("GET", "/v1/jobs/1/events")  # a late follower gets it all
+    assert evs[0]["data"] == "Creating checkpoint..." and evs[-1]["id"] == "v0"
+
+
+def test_auto_checkpoint_on_request_unless_a_recent_one(daemon: Any) -> None:
+    _write(daemon.root, "a", b"a")
+    first = _create(daemon, auto=True, reason="before claude session")
+    assert first["id"].startswith("auto-")
+    assert first["checkpoint"]["comment"] == "before claude session"
+    again = _create(daemon, auto=True, reason="before another session")
+    assert again["skipped"] is True and again["id"] == first["id"]
+    status, cps = daemon.json("GET", "/v1/checkpoints")
+    assert cps == []
+    status, cps = daemon.json("GET", "/v1/checkpoints?includeAuto=true")
+    assert [c["id"] for c in cps] == [first["id"]]
+
+
+def test_quota_refuses_manual_and_prunes_auto(daemon_factory: Any) -> None:
+    d = daemon_factory("--max-checkpoints", "3")
+    for i in range(3):
+        _write(d.root, "f", str(i).encode())
+        _create(d, f"c{i}")
+    status, err = d.json("POST", "/v1/checkpoint", {"comment": "one too many"})
+    assert (status, err["code"]) == (409, "quota_exceeded")
+    assert "quota of 3 checkpoints" in err["message"]
+    # A restore needs room for its undo point: with only manual checkpoints, it fails
+    # cleanly (nothing touched) ...
+    status, evs = d.stream("POST", "/v1/checkpoints/v0/restore")
+    assert evs[-1]["type"] == "error" and evs[-1]["code"] == "quota_exceeded"
+    with open(os.path.join(d.root, "f"), "rb") as f:
+        assert f.read() == b"2"
+    # ... and once a manual one is deleted, autos fill and then give way.
+    d.json("DELETE", "/v1/checkpoints/v1")
+    status, evs = d.stream("POST", "/v1/checkpoints/v0/restore")
+    assert evs[-1]["type"] == "complete"
+    undo1 = evs[-1]["undo"]
+    _write(d.root, "f", b"changed")
+    status, evs = d.stream("POST", "/v1/checkpoints/v2/restore")
+    assert evs[-1]["type"] == "complete", evs
+    status, cps = d.json("GET", "/v1/checkpoints?include_auto=true")
+    ids = [c["id"] for c in cps]
+    assert len(ids) == 3 and "v0" in ids and "v2" in ids and undo1 not in ids
+    status, log = d.json("GET", "/v1/activity?action=delete")
+    assert any(e["id"] == undo1 and e["actor"] == "quota" for e in log)
+
+
+def test_activity_log_names_who(daemon: Any) -> None:
+    _write(daemon.root, "a", b"a")
+    daemon.request("POST", "/v1/checkpoint", {"comment": "x"}, headers={"X-Sprite-Actor": "claude"})
+    _write(daemon.root, "a", b"b")
+    _create(daemon, "y", created_by="cursor")
+    daemon.request("POST", "/v1/checkpoints/v0/restore")
+    daemon.request("DELETE", "/v1/checkpoints/v1")
+    status, log = daemon.json("GET", "/v1/activity")
+    assert status == 200
+    got = [(e["action"], e["id"], e["actor"], e["ok"]) for e in log]
+    assert got[:4] == [
+        ("delete", "v1", "api", True),
+        ("restore", "v0", "api", True),
+        ("create", "v1", "cursor", True),
+        ("create", "v0", "claude", True),
+    ]
+    status, log = daemon.json("GET", "/v1/activity?limit=1")
+    assert len(log) == 1
+    # A failure is logged too.
+    daemon.request("DELETE", "/v1/checkpoints/v0")
+    status, log = daemon.json("GET", "/v1/activity?limit=1")
+    assert (log[0]["action"], log[0]["ok"]) == ("delete", False)
+    assert "active" in log[0]["detail"]
+
+
+def test_reset_empties_the_layer_and_can_be_undone(daemon: Any) -> None:
+    trees.build_tree(daemon.root, trees.sample_spec())
+    before = trees.snapshot_tree(daemon.root)
+    status, evs = daemon.stream("POST", "/v1/reset")
+    assert status == 202 and evs[-1]["type"] == "complete", evs
+    assert os.listdir(daemon.root) == []
+    undo = evs[-1]["undo"]
+    status, evs = daemon.stream("POST", f"/v1/checkpoints/{undo}/restore")
+    assert evs[-1]["type"] == "complete", evs
+    trees.assert_trees_equal(before, daemon.root)
+
+
+def test_status(daemon: Any) -> None:
+    status, st = daemon.json("GET", "/v1/status")
+    assert status == 200
+    assert st["pid"] == daemon.proc.pid
+    assert st["root"] == daemon.root and st["state"] == daemon.state
+    assert st["job"] is None and st["queued"] == 0
+
+
+def test_twenty_clients_list_while_a_create_runs(daemon: Any) -> None:
+    for i in range(2000):
+        _write(daemon.root, f"d{i % 40}/f{i}", os.urandom(4096))
+    _create(daemon, "base")
+    for i in range(0, 2000, 3):
+        _write(daemon.root, f"d{i % 40}/f{i}", os.urandom(4096))
+    latencies: list[float] = []
+    errors: list[str] = []
+    done = threading.Event()
+
+    def lister() -> None:
+        while not done.is_set():
+            t = time.perf_counter()
+            status, cps = daemon.json("GET", "/v1/checkpoints")
+            latencies.append(time.perf_counter() - t)
+            if status != 200 or not cps:
+                errors.append(f"{status} {cps}")
+
+    threads = [threading.Thread(target=lister) for _ in range(20)]
+    for t in threads:
+        t.start()
+    try:
+        last = _create(daemon, "under load")
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+    assert last["id"] == "v1"
+    assert errors == []
+    assert len(latencies) >= 20
+    latencies.sort()
+    print(
+        f"\nlist under load: {len(latencies)} requests, median "
+        f"{latencies[len(latencies) // 2] * 1000:.1f} ms, p99 "
+        f"{latencies[int(len(latencies) * 0.99)] * 1000:.1f} ms"
+    )
