@@ -75,3 +75,44 @@ class CorruptObject(StoreError):
 
 class SnapshotError(SpriteError):
     """Capture, restore or diff failed as a whole."""
+
+
+#: The exit code of each error ``code`` the API answers with (see ``cli/main.py``); codes
+#: not listed (``internal``, ``request_timeout``, unknown ones) exit 1.
+_API_EXIT_CODES: dict[str, int] = {
+    **dict.fromkeys(
+        (
+            "invalid_json",
+            "bad_request",
+            "invalid_id",
+            "invalid_comment",
+            "invalid_actor",
+            "not_found",
+            "active_checkpoint",
+            "quota_exceeded",
+            "unknown_path",
+            "method_not_allowed",
+            "body_too_large",
+            "unsupported_media_type",
+        ),
+        2,
+    ),
+    "store_error": 3,
+    "busy": 4,
+}
+
+
+class ApiError(SpriteError):
+    """The daemon refused or failed a request: its stable ``code``, message and HTTP status
+    (None for an ``error`` line of an event stream, which comes after a 2xx status)."""
+
+    def __init__(self, code: str, message: str, status: int | None = None) -> None:
+        super().__init__(message, _API_EXIT_CODES.get(code, 1))
+        self.code = code
+        self.status = status
+
+
+class DaemonUnavailable(SpriteError):
+    """No daemon answers on the API socket (none running, or still starting)."""
+
+    exit_code = 5

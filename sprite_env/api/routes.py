@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from sprite_env.api.problems import Problem
 from sprite_env.api.server import Request, Response, StreamResponse
@@ -107,8 +108,11 @@ class Router:
                     "method_not_allowed", f"{req.method} not allowed on {path}; use {allowed}"
                 )
                 return Response(405, problem.body(), headers=[("allow", allowed)])
-            return await endpoint(req, m.groupdict())
-        raise Problem("unknown_path", f"no endpoint {path}; see GET /v1/status and llm.txt")
+            # Segments are decoded after matching: "..%2Fetc" is one (invalid) id, not a path.
+            return await endpoint(req, {k: unquote(v) for k, v in m.groupdict().items()})
+        raise Problem(
+            "unknown_path", f"no endpoint {unquote(path)}; see GET /v1/status and llm.txt"
+        )
 
     def _actor(self, req: Request, body: dict[str, Any] | None = None) -> str:
         try:

@@ -17,7 +17,7 @@ import socket as stdsocket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import h11
 import trio
@@ -52,7 +52,7 @@ SERVER = f"sprite-env/{__version__}".encode()
 @dataclass
 class Request:
     method: str
-    path: str  # percent-decoded, without the query
+    path: str  # as sent (percent-encoded), without the query: the router decodes segments
     query: dict[str, str]
     headers: dict[str, str]  # lower-case names; a repeated header keeps its last value
     body: bytes
@@ -201,7 +201,7 @@ class _Connection:
         target = urlsplit(event.target.decode("latin-1"))
         return Request(
             method=event.method.decode("ascii", "replace").upper(),
-            path=unquote(target.path),
+            path=target.path,
             query=dict(parse_qsl(target.query, keep_blank_values=True)),
             headers=headers,
             body=bytes(body),

@@ -18,19 +18,13 @@ import argparse
 import contextlib
 import functools
 import json
-import logging
 import os
 import resource
-import subprocess
 import sys
 from typing import TYPE_CHECKING
 
-import trio
-
-from sprite_env.cli.options import add_common_options
+from sprite_env.cli.options import add_common_options, root_dir, store_dir
 from sprite_env.errors import SpriteError
-from sprite_env.fuse import StoreSource, ViewConfig, serve_until_signal, unmount
-from sprite_env.store import open_store
 
 if TYPE_CHECKING:
     from sprite_env.fuse import ViewOperations
@@ -74,14 +68,10 @@ def _positive(text: str) -> int:
     return n
 
 
-def _store_dir(args: argparse.Namespace) -> str:
-    return str(args.store or os.path.join(args.root, ".sprite", "store"))
-
-
 def _mountpoint(args: argparse.Namespace) -> str:
     if args.mountpoint:
         return os.path.abspath(str(args.mountpoint))
-    default = os.path.join(os.path.abspath(args.root), ".sprite", "checkpoints")
+    default = os.path.join(os.path.abspath(root_dir(args)), ".sprite", "checkpoints")
     os.makedirs(default, exist_ok=True)
     return default
 
@@ -90,6 +80,13 @@ def cmd_mount(args: argparse.Namespace) -> int:
     mountpoint = _mountpoint(args)
     if not args.foreground:
         return _start_in_background(args, mountpoint)
+    import logging  # here, not at the top: every other command starts faster without them
+
+    import trio
+
+    from sprite_env.fuse import StoreSource, ViewConfig, serve_until_signal
+    from sprite_env.store import open_store
+
     config = ViewConfig(count=args.count, include_auto=args.include_auto)
     _raise_open_files_limit()
     logging.basicConfig(level=logging.INFO, format="sprite-env mount: %(levelname)s %(message)s")
@@ -109,7 +106,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     try:
-        with open_store(_store_dir(args), writable=False) as store:
+        with open_store(store_dir(args), writable=False) as store:
             source = StoreSource(store)
             trio.run(
                 functools.partial(serve_until_signal, source, mountpoint, config, on_ready=ready)
@@ -146,9 +143,9 @@ def _start_in_background(args: argparse.Namespace, mountpoint: str) -> int:
         "-m",
         "sprite_env",
         "--root",
-        os.path.abspath(args.root),
+        os.path.abspath(root_dir(args)),
         "--store",
-        _store_dir(args),
+        store_dir(args),
         "checkpoints",
         "mount",
         mountpoint,
@@ -157,6 +154,8 @@ def _start_in_background(args: argparse.Namespace, mountpoint: str) -> int:
         str(args.count),
         *(["--include-auto"] if args.include_auto else []),
     ]
+    import subprocess
+
     r, w = os.pipe()
     with contextlib.ExitStack() as stack:
         stack.callback(os.close, w)
@@ -189,10 +188,12 @@ def _start_in_background(args: argparse.Namespace, mountpoint: str) -> int:
 
 
 def cmd_unmount(args: argparse.Namespace) -> int:
+    from sprite_env.fuse import unmount
+
     mountpoint = (
         os.path.abspath(args.mountpoint)
         if args.mountpoint
-        else os.path.join(os.path.abspath(args.root), ".sprite", "checkpoints")
+        else os.path.join(os.path.abspath(root_dir(args)), ".sprite", "checkpoints")
     )
     unmount(mountpoint)
     if args.json:

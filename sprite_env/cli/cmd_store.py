@@ -1,4 +1,5 @@
-"""``sprite-env store ...``: check, rebuild-catalog, stats, init."""
+"""``sprite-env store ...``: check, rebuild-catalog, stats, init (always offline: these
+open the store directory themselves; the store modules load only when a command runs)."""
 
 from __future__ import annotations
 
@@ -6,16 +7,12 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from sprite_env.checkpoints.gc import verify as verify_checkpoints
-from sprite_env.checkpoints.registry import recover as recover_checkpoints
-from sprite_env.cli.options import add_common_options
+from sprite_env.cli.options import add_common_options, store_dir
 from sprite_env.cli.progress import progress_bar
 from sprite_env.errors import StoreError
-from sprite_env.store import check, open_store, rebuild, stats
 
 if TYPE_CHECKING:
     import argparse
-import os
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,26 +37,23 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     q.set_defaults(func=cmd_stats)
 
 
-def _store_dir(args: argparse.Namespace) -> str:
-    if args.store:
-        return str(args.store)
-    return os.path.join(args.root, ".sprite", "store")
-
-
 def cmd_init(args: argparse.Namespace) -> int:
-    with open_store(_store_dir(args), create=True):
+    from sprite_env.store import open_store
+
+    with open_store(store_dir(args), create=True):
         pass
     print(
-        json.dumps({"store": _store_dir(args)})
-        if args.json
-        else f"store ready at {_store_dir(args)}"
+        json.dumps({"store": store_dir(args)}) if args.json else f"store ready at {store_dir(args)}"
     )
     return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from sprite_env.checkpoints.gc import verify as verify_checkpoints
+    from sprite_env.store import check, open_store
+
     with (
-        open_store(_store_dir(args), writable=False) as s,
+        open_store(store_dir(args), writable=False) as s,
         progress_bar("checking packs", enabled=not args.json) as update,
     ):
         report = check(s, read_data=args.read_data, progress=update)
@@ -91,7 +85,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
-    with open_store(_store_dir(args), repair=True) as s:
+    from sprite_env.checkpoints.registry import recover as recover_checkpoints
+    from sprite_env.store import open_store, rebuild
+
+    with open_store(store_dir(args), repair=True) as s:
         r = rebuild(s)
         recovered = recover_checkpoints(s)
     if args.json:
@@ -115,7 +112,9 @@ def _size(n: float) -> str:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    with open_store(_store_dir(args), writable=False) as s:
+    from sprite_env.store import open_store, stats
+
+    with open_store(store_dir(args), writable=False) as s:
         st = stats(s)
     if args.json:
         d = dict(st.__dict__)

@@ -1,36 +1,85 @@
-"""Options every command accepts."""
+"""Options every command accepts, and the two ways a command reaches the checkpoints.
+
+- **Online** (the default): the command is a client of the daemon's API socket
+  (``--socket``, ``$SPRITE_API_SOCK``, ``/.sprite/api.sock``); the daemon owns the store.
+- **Offline**: given ``--root`` or ``--store`` explicitly, the checkpoint commands open the
+  store themselves and run the engine in this process (no daemon may hold that store).
+  ``store``, ``checkpoints export`` and ``checkpoints mount`` always work this way, on
+  ``/`` unless told otherwise.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 
-def add_common_options(p: argparse.ArgumentParser, *, top: bool = False) -> None:
-    """--root, --store, --json and --exclude, accepted before or after the command words.
+def add_common_options(
+    p: argparse.ArgumentParser, *, top: bool = False, offline: bool = True
+) -> None:
+    """--root, --store, --socket, --as, --json and --exclude, accepted before or after the
+    command words (without ``offline``, a command that only talks to the daemon: no
+    --root, --store or --exclude after its name).
 
     Only the top-level parser sets defaults; a subcommand's copy of an option is SUPPRESSed
-    when absent, so it cannot overwrite a value given before the command.
+    when absent, so it cannot overwrite a value given before the command. ``--root`` and
+    ``--store`` default to None, so that :func:`is_offline` can tell they were given.
     """
 
     def default(value: Any) -> dict[str, Any]:
         return {"default": value if top else argparse.SUPPRESS}
 
+    if offline:
+        p.add_argument(
+            "--root",
+            metavar="DIR",
+            help="work offline on the layer DIR, without the daemon (default: the daemon's; /)",
+            **default(None),
+        )
+        p.add_argument(
+            "--store",
+            metavar="DIR",
+            help="work offline on this store directory (default: ROOT/.sprite/store)",
+            **default(None),
+        )
     p.add_argument(
-        "--root", metavar="DIR", help="the layer to checkpoint (default: /)", **default("/")
+        "--socket",
+        metavar="PATH",
+        help="the daemon's API socket (default: $SPRITE_API_SOCK, else /.sprite/api.sock)",
+        **default(None),
     )
     p.add_argument(
-        "--store",
-        metavar="DIR",
-        help="the store directory (default: ROOT/.sprite/store)",
+        "--as",
+        dest="actor",
+        metavar="NAME",
+        help="who is asking, as the activity log records it (default: $SPRITE_ACTOR, else user)",
         **default(None),
     )
     p.add_argument("--json", action="store_true", help="machine-readable output", **default(False))
-    p.add_argument(
-        "--exclude",
-        action="append",
-        metavar="PATTERN",
-        help="leave paths matching PATTERN (relative to ROOT, fnmatch) out of checkpoints and "
-        "restores; saved in the store, replacing the saved list",
-        **default(None),
-    )
+    if offline:
+        p.add_argument(
+            "--exclude",
+            action="append",
+            metavar="PATTERN",
+            help="offline: leave paths matching PATTERN (relative to ROOT, fnmatch) out of "
+            "checkpoints and restores; saved in the store, replacing the saved list",
+            **default(None),
+        )
+
+
+def is_offline(args: argparse.Namespace) -> bool:
+    """Whether ``--root`` or ``--store`` was given: run the engine here, not the daemon."""
+    return args.root is not None or args.store is not None
+
+
+def root_dir(args: argparse.Namespace) -> str:
+    """The layer an offline command works on (``--root``, default ``/``)."""
+    return str(args.root) if args.root is not None else "/"
+
+
+def store_dir(args: argparse.Namespace) -> str:
+    """The store an offline command opens (``--store``, default ``ROOT/.sprite/store``)."""
+    if args.store:
+        return str(args.store)
+    return os.path.join(root_dir(args), ".sprite", "store")

@@ -82,7 +82,8 @@ def test_bad_requests(
 
 def test_method_not_allowed_names_the_allowed(daemon: Any) -> None:
     status, headers, _ = daemon.request("PUT", "/v1/checkpoints/v0")
-    assert status == 405 and headers["allow"] == "DELETE, GET"
+    assert status == 405
+    assert headers["allow"] == "DELETE, GET"
 
 
 def test_invalid_actor(daemon: Any) -> None:
@@ -166,4 +167,9 @@ def test_expect_100_continue_with_curl(daemon: Any) -> None:
     )
     assert p.returncode == 0, p.stderr
     last = json.loads(p.stdout.splitlines()[-1])
-    assert last["type"] == "complete" and last["checkpoint"]["comment"] == comment
+    assert last["type"] == "complete"
+    assert last["checkpoint"]["comment"] == comment
+
+
+def test_an_encoded_slash_stays_inside_its_segment(daemon: Any) -> None:
+    _assert_problem(daemon, daemon.request("GET", "/v1/checkpoints/..%2Fetc"), 400, "invalid_id")

@@ -67,7 +67,8 @@ def test_create_streams_events_and_lists(daemon: Any) -> None:
     assert _create(daemon, "second")["id"] == "v1"
     status, cps = daemon.json("GET", "/v1/checkpoints")
     assert [c["id"] for c in cps] == ["v1", "v0"]  # newest first
-    assert cps[0]["history"] == ["v0"] and cps[0]["parent"] == "v0"
+    assert cps[0]["history"] == ["v0"]
+    assert cps[0]["parent"] == "v0"
     status, hist = daemon.json("GET", "/v1/checkpoints?history=v0")
     assert [c["id"] for c in hist] == ["v1", "v0"]
 
@@ -115,7 +116,8 @@ def test_diff_against_live_and_between_checkpoints(daemon: Any) -> None:
     _write(daemon.root, "new.txt", b"n")
     status, live = daemon.json("GET", "/v1/checkpoints/v0/diff")
     assert status == 200
-    assert live["from"] == "v0" and live["to"] == "live"
+    assert live["from"] == "v0"
+    assert live["to"] == "live"
     assert {(c["path"], c["change"]) for c in live["changes"]} >= {
         ("a.txt", "modified"),
         ("new.txt", "added"),
@@ -138,7 +140,8 @@ def test_delete_frees_and_refuses_the_active_one(daemon: Any) -> None:
     assert "cannot delete active checkpoint" in err["message"]
     status, rep = daemon.json("DELETE", "/v1/checkpoints/v0")
     assert status == 200
-    assert rep["id"] == "v0" and rep["bytes_freed"] > 150_000
+    assert rep["id"] == "v0"
+    assert rep["bytes_freed"] > 150_000
     status, err = daemon.json("DELETE", "/v1/checkpoints/v0")
     assert (status, err["code"]) == (404, "not_found")
     # Ids are never reused.
@@ -162,7 +165,8 @@ def test_jobs_queue_one_at_a_time_and_survive_a_client_that_leaves(daemon: Any) 
     # A second create queued behind it says what it waits for (or runs after it).
     status, evs = daemon.stream("POST", "/v1/checkpoint", {"comment": "second"})
     assert status == 200
-    assert evs[-1]["type"] == "complete" and evs[-1]["id"] == "v1"
+    assert evs[-1]["type"] == "complete"
+    assert evs[-1]["id"] == "v1"
     waits = [e["data"] for e in evs if e["type"] == "info" and e["data"].startswith("Waiting")]
     assert waits in ([], ["Waiting for job 1 (create)..."])
     status, cps = daemon.json("GET", "/v1/checkpoints")
@@ -170,7 +174,8 @@ def test_jobs_queue_one_at_a_time_and_survive_a_client_that_leaves(daemon: Any) 
     status, job = daemon.json("GET", "/v1/jobs/1")
     assert (job["state"], job["kind"], job["result"]["id"]) == ("done", "create", "v0")
     status, evs = daemon.stream("GET", "/v1/jobs/1/events")  # a late follower gets it all
-    assert evs[0]["data"] == "Creating checkpoint..." and evs[-1]["id"] == "v0"
+    assert evs[0]["data"] == "Creating checkpoint..."
+    assert evs[-1]["id"] == "v0"
 
 
 def test_auto_checkpoint_on_request_unless_a_recent_one(daemon: Any) -> None:
@@ -179,7 +184,8 @@ def test_auto_checkpoint_on_request_unless_a_recent_one(daemon: Any) -> None:
     assert first["id"].startswith("auto-")
     assert first["checkpoint"]["comment"] == "before claude session"
     again = _create(daemon, auto=True, reason="before another session")
-    assert again["skipped"] is True and again["id"] == first["id"]
+    assert again["skipped"] is True
+    assert again["id"] == first["id"]
     status, cps = daemon.json("GET", "/v1/checkpoints")
     assert cps == []
     status, cps = daemon.json("GET", "/v1/checkpoints?includeAuto=true")
@@ -197,7 +203,8 @@ def test_quota_refuses_manual_and_prunes_auto(daemon_factory: Any) -> None:
     # A restore needs room for its undo point: with only manual checkpoints, it fails
     # cleanly (nothing touched) ...
     status, evs = d.stream("POST", "/v1/checkpoints/v0/restore")
-    assert evs[-1]["type"] == "error" and evs[-1]["code"] == "quota_exceeded"
+    assert evs[-1]["type"] == "error"
+    assert evs[-1]["code"] == "quota_exceeded"
     with open(os.path.join(d.root, "f"), "rb") as f:
         assert f.read() == b"2"
     # ... and once a manual one is deleted, autos fill and then give way.
@@ -210,7 +217,10 @@ def test_quota_refuses_manual_and_prunes_auto(daemon_factory: Any) -> None:
     assert evs[-1]["type"] == "complete", evs
     status, cps = d.json("GET", "/v1/checkpoints?include_auto=true")
     ids = [c["id"] for c in cps]
-    assert len(ids) == 3 and "v0" in ids and "v2" in ids and undo1 not in ids
+    assert len(ids) == 3
+    assert "v0" in ids
+    assert "v2" in ids
+    assert undo1 not in ids
     status, log = d.json("GET", "/v1/activity?action=delete")
     assert any(e["id"] == undo1 and e["actor"] == "quota" for e in log)
 
@@ -244,7 +254,8 @@ def test_reset_empties_the_layer_and_can_be_undone(daemon: Any) -> None:
     trees.build_tree(daemon.root, trees.sample_spec())
     before = trees.snapshot_tree(daemon.root)
     status, evs = daemon.stream("POST", "/v1/reset")
-    assert status == 202 and evs[-1]["type"] == "complete", evs
+    assert status == 202
+    assert evs[-1]["type"] == "complete", evs
     assert os.listdir(daemon.root) == []
     undo = evs[-1]["undo"]
     status, evs = daemon.stream("POST", f"/v1/checkpoints/{undo}/restore")
@@ -256,8 +267,10 @@ def test_status(daemon: Any) -> None:
     status, st = daemon.json("GET", "/v1/status")
     assert status == 200
     assert st["pid"] == daemon.proc.pid
-    assert st["root"] == daemon.root and st["state"] == daemon.state
-    assert st["job"] is None and st["queued"] == 0
+    assert st["root"] == daemon.root
+    assert st["state"] == daemon.state
+    assert st["job"] is None
+    assert st["queued"] == 0
 
 
 def test_twenty_clients_list_while_a_create_runs(daemon: Any) -> None:

@@ -81,3 +81,22 @@ def test_excludes_are_saved_in_the_store(tmp_path: os.PathLike[str]) -> None:
     assert r.returncode == 0, r.stderr
     assert sorted(os.listdir(root)) == [".sprite", "cache", "keep"]
     assert os.listdir(os.path.join(root, "cache")) == ["big"]
+
+
+def test_offline_reset(tmp_path: os.PathLike[str]) -> None:
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    os.mkdir(root)
+    with open(os.path.join(root, "a"), "w") as f:
+        f.write("one")
+    assert run_cli("--root", root, "checkpoints", "create").returncode == 0
+    r = run_cli("--root", root, "reset")  # no terminal, no --yes
+    assert r.returncode == 2
+    assert "--yes" in r.stderr
+    r = run_cli("--root", root, "reset", "--yes")
+    assert r.returncode == 0, r.stderr
+    assert "undo with: sprite-env restore auto-" in r.stdout
+    assert os.listdir(root) == [".sprite"]
+    undo = r.stdout.rsplit(" ", 1)[-1].strip()
+    r = run_cli("--root", root, "restore", undo, "--yes", "--json")
+    assert json.loads(r.stdout)["id"] == undo
+    assert sorted(os.listdir(root)) == [".sprite", "a"]

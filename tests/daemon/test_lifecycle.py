@@ -37,7 +37,8 @@ def _create(d: Any, comment: str = "") -> dict[str, Any]:
 
 def test_start_installs_socket_0600_and_llm_txt(daemon: Any) -> None:
     st = os.stat(daemon.socket)
-    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+    assert stat.S_ISSOCK(st.st_mode)
+    assert stat.S_IMODE(st.st_mode) == 0o600
     with (
         open(os.path.join(daemon.state, "llm.txt"), "rb") as f,
         open(os.path.join(REPO, "llm.txt"), "rb") as g,
@@ -50,7 +51,8 @@ def test_socket_group(daemon_factory: Any) -> None:
     st = os.stat(d.socket)
     import grp
 
-    assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == grp.getgrnam("daemon").gr_gid
+    assert stat.S_IMODE(st.st_mode) == 0o660
+    assert st.st_gid == grp.getgrnam("daemon").gr_gid
 
 
 def test_a_second_daemon_is_refused(daemon: Any, tmp_path: Any) -> None:
@@ -96,7 +98,8 @@ def test_a_second_daemon_is_refused(daemon: Any, tmp_path: Any) -> None:
         timeout=60,
         cwd=REPO,
     )
-    assert p.returncode == 4 and "locked" in p.stderr
+    assert p.returncode == 4
+    assert "locked" in p.stderr
     assert daemon.request("GET", "/v1/status")[0] == 200
 
 
@@ -138,7 +141,8 @@ def test_the_view_follows_creates_and_deletes(daemon: Any) -> None:
         capture_output=True,
         text=True,
     )
-    assert p.returncode == 1 and "< 127.0.0.1 localhost" in p.stdout
+    assert p.returncode == 1
+    assert "< 127.0.0.1 localhost" in p.stdout
     daemon.request("DELETE", "/v1/checkpoints/v0")
     assert os.listdir(mp) == ["v1"]
     trees.assert_trees_equal(daemon.root, os.path.join(mp, "v1"))
@@ -197,7 +201,8 @@ def test_scheduler_takes_auto_checkpoints_when_the_layer_changed(daemon_factory:
     while time.monotonic() < deadline and not autos:
         time.sleep(0.2)
         autos = d.json("GET", "/v1/checkpoints?include_auto=true")[1]
-    assert len(autos) == 1 and autos[0]["created_by"] == "scheduler"
+    assert len(autos) == 1
+    assert autos[0]["created_by"] == "scheduler"
     time.sleep(2.0)  # unchanged: no more
     assert len(d.json("GET", "/v1/checkpoints?include_auto=true")[1]) == 1
     _write(d.root, "a", b"2")
@@ -210,3 +215,21 @@ def test_scheduler_takes_auto_checkpoints_when_the_layer_changed(daemon_factory:
     assert [e["actor"] for e in log] == ["scheduler", "scheduler"]
     assert all(c["is_auto"] for c in autos)
     assert d.json("GET", "/v1/checkpoints")[1] == []
+
+
+def test_a_stale_view_of_a_killed_daemon_is_cleaned_at_start(daemon_factory: Any) -> None:
+    d = daemon_factory()
+    _write(d.root, "a", b"a")
+    _create(d)
+    mp = os.path.join(d.state, "checkpoints")
+    d.kill()
+    with pytest.raises(OSError, match="not connected"):  # the mount outlived its server
+        os.listdir(mp)
+    d2 = start_daemon(d.root, d.state)
+    try:
+        assert os.listdir(mp) == ["v0"]
+        with open(os.path.join(mp, "v0", "a"), "rb") as f:
+            assert f.read() == b"a"
+    finally:
+        assert d2.stop() == 0
+    assert "stale mount" in d2.log()

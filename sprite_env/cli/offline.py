@@ -1,0 +1,191 @@
+"""The checkpoint commands run offline: the engine in this process, on ``--root``/``--store``.
+
+This is how every command worked before the daemon, and still how they work when
+``--root`` or ``--store`` is given: the command opens the store itself, taking its lock, so
+it refuses ("locked", exit 4) while a daemon (or a mount) holds that store. Output matches
+the online path (``render.py``) except that ``--json`` prints the engine's own shapes:
+``diff`` one change per line, ``restore --preview`` the counts at the top level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import TYPE_CHECKING, Any
+
+from sprite_env.checkpoints import Engine
+from sprite_env.cli import render
+from sprite_env.cli.options import root_dir, store_dir
+from sprite_env.cli.progress import EventDisplay
+from sprite_env.client import resolve_actor
+from sprite_env.errors import UserError
+
+if TYPE_CHECKING:
+    import argparse
+
+    from sprite_env.checkpoints.engine import Progress
+
+
+def _engine(args: argparse.Namespace) -> Engine:
+    return Engine(root_dir(args), store_dir(args), excludes=args.exclude)
+
+
+def _created_by(args: argparse.Namespace) -> str:
+    return str(getattr(args, "created_by", None) or resolve_actor(args.actor))
+
+
+class _Progress:
+    """The engine's progress callback, shown as the online path shows a job's events
+    (nothing with ``--json``: the result is the only output)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.display = None if args.json else EventDisplay(as_json=False)
+
+    def __enter__(self) -> Progress | None:
+        display = self.display
+        if display is None:
+            return None
+        display.__enter__()
+
+        def show(phase: str, counters: Any) -> None:
+            if dataclasses.is_dataclass(counters) and not isinstance(counters, type):
+                fields = dataclasses.asdict(counters)
+            elif isinstance(counters, tuple):  # prune: (bytes done, bytes to copy)
+                fields = {"done": counters[0], "total": counters[1]}
+            else:
+                fields = {}
+            display({"type": "progress", "phase": phase, **fields})
+
+        return show
+
+    def __exit__(self, *exc: object) -> None:
+        if self.display is not None:
+            self.display.close()
+
+
+def create(args: argparse.Namespace) -> int:
+    with _Progress(args) as progress, _engine(args) as e:
+        cp = e.create(
+            args.comment or args.reason or "",
+            created_by=_created_by(args),
+            auto=args.auto,
+            progress=progress,
+        )
+        active = e.active()
+    if args.json:
+        render.print_json(cp.to_json(active=active))
+    else:
+        for w in cp.warnings:
+            render.warn(f"warning: {w['path']}: {w['message']}")
+        print(render.created_line(cp.to_json(active=active)))
+    return 0
+
+
+def list_(args: argparse.Namespace) -> int:
+    with _engine(args) as e:
+        rows = [
+            c.to_json(active=e.active())
+            for c in e.checkpoints(include_auto=args.include_auto, history=args.history)
+        ]
+    if args.json:
+        render.print_json(rows)
+    elif rows:
+        print(render.checkpoint_table(rows))
+    else:
+        print("no checkpoints yet (sprite-env checkpoints create --comment ...)")
+    return 0
+
+
+def info(args: argparse.Namespace) -> int:
+    with _engine(args) as e:
+        c = e.info(args.id).to_json(active=e.active())
+    if args.json:
+        render.print_json(c)
+    else:
+        print("\n".join(render.checkpoint_info(c)))
+    return 0
+
+
+def delete(args: argparse.Namespace) -> int:
+    with _engine(args) as e:
+        rep = e.delete(args.id).to_json()
+    if args.json:
+        render.print_json(rep)
+    else:
+        print(render.delete_line(rep))
+    return 0
+
+
+def diff(args: argparse.Namespace) -> int:
+    with _engine(args) as e:
+        changes = [d.to_json() for d in e.diff(args.a, args.b)]
+    if args.json:
+        for ch in changes:
+            render.print_json(ch)
+    else:
+        for line in render.change_lines(changes):
+            print(line)
+    return 0
+
+
+def export(args: argparse.Namespace) -> int:
+    os.makedirs(args.dest, exist_ok=True)
+    with _engine(args) as e:
+        st = e.export(args.id, args.dest)
+    if args.json:
+        render.print_json(st.__dict__)
+    else:
+        written = render.size(st.bytes_written)
+        print(f"Exported {args.id} to {args.dest}: {st.created} entries, {written}")
+    return 0
+
+
+def restore(args: argparse.Namespace) -> int:
+    if not (args.preview or args.yes):
+        render.need_terminal(what="restore", flag="--yes")
+    with _engine(args) as e:
+        if args.preview or not args.yes:
+            pv = e.preview(args.id)
+            counts = pv.counts()
+            changes = [d.to_json() for d in pv.differences]
+            if args.preview:
+                if args.json:
+                    render.print_json({"id": args.id, **counts, "changes": changes})
+                else:
+                    print("\n".join(render.preview_lines(args.id, counts, changes, limit=None)))
+                return 0
+            lines = render.preview_lines(args.id, counts, changes, limit=render.PREVIEW_LINES)
+            if not render.confirm(f"Restore {args.id}?", lines, what="restore", flag="--yes"):
+                return 1
+        with _Progress(args) as progress:
+            rep = e.restore(args.id, created_by=_created_by(args), progress=progress)
+    if args.json:
+        render.print_json(rep.to_json())
+    else:
+        _print_warnings(rep.warnings)
+        print(render.restored_line(rep.id, rep.stats.__dict__, rep.undo))
+    return 0
+
+
+def reset(args: argparse.Namespace) -> int:
+    if not args.yes and not render.confirm(
+        "Reset the layer to its base image?", render.reset_lines(), what="reset", flag="--yes"
+    ):
+        return 1
+    with _Progress(args) as progress, _engine(args) as e:
+        rep = e.reset(created_by=_created_by(args), progress=progress)
+    if args.json:
+        render.print_json(rep.to_json())
+    else:
+        _print_warnings(rep.warnings)
+        print(render.restored_line(None, rep.stats.__dict__, rep.undo))
+    return 0
+
+
+def _print_warnings(warnings: list[Any]) -> None:
+    for w in warnings:
+        render.warn(f"warning: {w}")
+
+
+def activity(args: argparse.Namespace) -> int:
+    raise UserError("the activity log is the daemon's: run without --root and --store")

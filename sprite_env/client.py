@@ -1,0 +1,506 @@
+"""A small synchronous client of the sprite-env API, for scripts and for the CLI.
+
+Standard library only: :class:`http.client.HTTPConnection` over an ``AF_UNIX`` socket (no
+HTTP is parsed by hand). Every call opens a connection of its own, so a :class:`Client` holds
+no resource and needs no closing; it may be shared by threads.
+
+Example::
+
+    from sprite_env.client import Client
+
+    c = Client(actor="my-agent")
+    done = c.create("before upgrading numpy")  # follows the stream to its end
+    print(done["id"])                           # "v3"
+    c.restore("v2")                             # returns the ``complete`` event
+
+Concepts:
+
+- **Socket**: the ``socket_path`` argument, else ``$SPRITE_API_SOCK``, else
+  ``/.sprite/api.sock``.
+- **Actor**: who asks, sent as header ``X-Sprite-Actor`` and recorded in the activity log:
+  the ``actor`` argument, else ``$SPRITE_ACTOR``, else ``user``.
+- **Reaching the daemon**: while the socket file is missing, refuses connections or the
+  daemon answers 503 ``starting`` or ``stopping`` (it is starting, finishing a restore it
+  was killed in, or shutting down before a new one starts), the client retries for
+  ``wait`` seconds (default 30; ``$SPRITE_API_WAIT``; 0: no retry), saying once that it
+  waits. No daemon acted on the request in any of those cases, so retrying a create
+  cannot create twice. A connection that fails in any other way is not retried.
+- **Streams**: create, restore and reset answer with NDJSON events (``info``, ``progress``,
+  then ``complete`` or ``error``; each names its ``job``). The methods call ``on_event``
+  for every event and return the ``complete`` one. When the connection drops mid-stream
+  the client re-attaches with ``GET /v1/jobs/{job}/events`` (which replays the job's events
+  from the start; those already seen are skipped), so a job is followed to its end. A
+  client that stops listening does not stop the job.
+
+Error handling:
+    Every method raises :class:`~sprite_env.errors.ApiError` (``code``, ``message``,
+    ``status``) when the daemon refuses a request or a stream ends with an ``error``
+    event, and :class:`~sprite_env.errors.DaemonUnavailable` when no daemon answers
+    within ``wait`` seconds, the connection fails otherwise, or a followed job is lost.
+    Their ``exit_code`` is what the CLI exits with (table in ``sprite_env/cli/main.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode
+
+from sprite_env.errors import ApiError, DaemonUnavailable, UserError
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+__all__ = [
+    "DEFAULT_SOCKET",
+    "ApiError",
+    "Client",
+    "DaemonUnavailable",
+    "Event",
+    "Reply",
+    "resolve_actor",
+    "resolve_socket",
+]
+
+DEFAULT_SOCKET = "/.sprite/api.sock"
+DEFAULT_WAIT = 30.0
+#: Seconds a connection may stay silent before an answer (a diff or a preview scans the
+#: layer first, and may queue behind a restore). Streams wait without a limit once started.
+DEFAULT_TIMEOUT = 300.0
+_POLL = 0.1  # seconds between attempts to reach a daemon that is not answering yet
+_MAX_EMPTY_REATTACH = 3  # re-attaches in a row that bring nothing new: the stream is broken
+
+#: 503 codes that mean "no daemon ready here yet": nothing was done; retry.
+_NOT_READY = frozenset({"starting", "stopping"})
+
+#: One event of an NDJSON stream (always ``type``, ``time`` and ``job``).
+Event = dict[str, Any]
+OnEvent = Callable[[Event], None]
+JsonObject = dict[str, Any]
+JsonList = list[dict[str, Any]]
+Headers = list[tuple[str, str]]
+
+
+def resolve_socket(socket_path: str | None = None) -> str:
+    """The socket a client talks to: the argument, ``$SPRITE_API_SOCK``, or the default."""
+    return socket_path or os.environ.get("SPRITE_API_SOCK") or DEFAULT_SOCKET
+
+
+def resolve_actor(actor: str | None = None) -> str:
+    """Who asks: the argument, ``$SPRITE_ACTOR``, or ``user``."""
+    return actor or os.environ.get("SPRITE_ACTOR") or "user"
+
+
+def _resolve_wait(wait: float | None) -> float:
+    if wait is not None:
+        return max(0.0, wait)
+    text = os.environ.get("SPRITE_API_WAIT")
+    if not text:
+        return DEFAULT_WAIT
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        raise UserError(f"SPRITE_API_WAIT must be a number of seconds, not {text!r}") from None
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """An HTTP/1.1 connection over a Unix socket (Host ``sprite``)."""
+
+    def __init__(self, socket_path: str, timeout: float | None) -> None:
+        super().__init__("sprite", timeout=timeout)
+        self.socket_path = socket_path
+        # http.client drops self.sock when the answer says "Connection: close", yet the
+        # reply still reads from it: kept here to lift the timeout off a stream.
+        self.unix_socket: socket.socket | None = None
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = self.unix_socket = sock
+
+
+class Reply:
+    """One answer: status and headers at once, the body as it comes.
+
+    Use as a context manager (or call :meth:`close`, which closes the connection). An
+    answer the client had to read whole already (an error) replays from memory.
+    """
+
+    def __init__(
+        self, conn: http.client.HTTPConnection, response: http.client.HTTPResponse
+    ) -> None:
+        self.conn = conn
+        self.response = response
+        self.status: int = response.status
+        self.reason: str = response.reason
+        self.headers: http.client.HTTPMessage = response.headers
+        self._body: bytes | None = None
+
+    def __enter__(self) -> Reply:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.conn.close()  # closes the response too
+
+    def read(self) -> bytes:
+        """The rest of the body."""
+        if self._body is None:
+            self._body = self.response.read()
+        return self._body
+
+    def chunks(self, size: int = 65536) -> Iterator[bytes]:
+        """The body in pieces as they arrive (for printing a stream as it streams)."""
+        if self._body is not None:
+            yield self._body
+            return
+        while chunk := self.response.read1(size):
+            yield chunk
+
+    def events(self) -> Iterator[Event]:
+        """The NDJSON events of a stream, until it ends or the connection drops (no error:
+        the caller decides whether the stream was complete)."""
+        try:
+            while True:
+                line = self.response.readline()
+                if not line.endswith(b"\n"):  # EOF, possibly inside a line cut short
+                    return
+                if line.strip():
+                    yield _decode_event(line, self.status)
+        except (OSError, http.client.HTTPException):
+            return
+
+    def error(self) -> ApiError:
+        """The :class:`ApiError` this (non-2xx) answer stands for."""
+        body = self.read()
+        try:
+            problem = json.loads(body)
+            code, message = str(problem["code"]), str(problem["message"])
+        except (ValueError, KeyError, TypeError):
+            text = body[:200].decode(errors="replace").strip()
+            code, message = "http_error", f"HTTP {self.status} {self.reason}: {text}"
+        return ApiError(code, message, self.status)
+
+
+def _decode_event(line: bytes, status: int) -> Event:
+    try:
+        event = json.loads(line)
+    except ValueError:
+        event = None
+    if not isinstance(event, dict) or "type" not in event:
+        text = line[:200].decode(errors="replace").strip()
+        raise ApiError("bad_response", f"not an event line: {text}", status)
+    return event
+
+
+class Client:
+    """The sprite-env API, one method per endpoint.
+
+    Args:
+        socket_path: the daemon's socket (default: ``$SPRITE_API_SOCK``, else
+            ``/.sprite/api.sock``).
+        actor: who asks, recorded in the activity log (default: ``$SPRITE_ACTOR``, else
+            ``user``).
+        timeout: seconds a connection may stay silent before the answer starts.
+        wait: seconds to keep trying a daemon that is not answering yet (default:
+            ``$SPRITE_API_WAIT``, else 30; 0: fail at once).
+        notice: called once with a line saying the client waits for the daemon; default:
+            print it on stderr when stderr is a terminal.
+    """
+
+    def __init__(
+        self,
+        socket_path: str | None = None,
+        *,
+        actor: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        wait: float | None = None,
+        notice: Callable[[str], None] | None = None,
+    ) -> None:
+        self.socket_path = resolve_socket(socket_path)
+        self.actor = resolve_actor(actor)
+        self.timeout = timeout
+        self.wait = _resolve_wait(wait)
+        self.notice = notice
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def status(self) -> JsonObject:
+        """``GET /v1/status``: version, pid, paths, the running job, the active checkpoint."""
+        return self._object("GET", "/v1/status")
+
+    def list(self, include_auto: bool = False, history: str | None = None) -> JsonList:
+        """Checkpoints, newest first; ``history``: only that id and its descendants."""
+        query: dict[str, str] = {}
+        if include_auto:
+            query["include_auto"] = "true"
+        if history is not None:
+            query["history"] = history
+        return self._list("GET", _path("/v1/checkpoints", query=query))
+
+    def info(self, id: str) -> JsonObject:
+        """One checkpoint's record (``not_found``, ``invalid_id``)."""
+        return self._object("GET", _path("/v1/checkpoints", id))
+
+    def preview(self, id: str) -> JsonObject:
+        """What restoring ``id`` would do: ``{"id", "counts", "changes"}``."""
+        return self._object("GET", _path("/v1/checkpoints", id, "preview"))
+
+    def diff(self, a: str, b: str | None = None) -> JsonObject:
+        """Changes from checkpoint ``a`` to ``b`` (default: the live layer):
+        ``{"from", "to", "counts", "changes"}``."""
+        query = {"against": b} if b is not None else {}
+        return self._object("GET", _path("/v1/checkpoints", a, "diff", query=query))
+
+    def activity(self, limit: int = 100) -> JsonList:
+        """The activity log, newest first: ``{"time","action","id","actor","ok","detail"}``."""
+        return self._list("GET", _path("/v1/activity", query={"limit": str(limit)}))
+
+    def job(self, n: int) -> JsonObject:
+        """One job: ``{"id","kind","target","actor","state","result"?,"error"?}``."""
+        return self._object("GET", _path("/v1/jobs", str(n)))
+
+    # -- changing --------------------------------------------------------------------------
+
+    def create(
+        self,
+        comment: str = "",
+        *,
+        auto: bool = False,
+        reason: str | None = None,
+        created_by: str | None = None,
+        on_event: OnEvent | None = None,
+    ) -> Event:
+        """Takes a checkpoint; returns the ``complete`` event (``id``, ``checkpoint``, or
+        ``skipped`` for an auto checkpoint a recent one makes unnecessary).
+
+        Raises:
+            ApiError: refused before the stream (``invalid_comment``, ``quota_exceeded``,
+                ``busy``) or failed in it (an ``error`` event, e.g. ``store_error``).
+        """
+        body: JsonObject = {"comment": comment}
+        if auto:
+            body["auto"] = True
+        if reason is not None:
+            body["reason"] = reason
+        if created_by is not None:
+            body["created_by"] = created_by
+        return self._stream("POST", "/v1/checkpoint", body, on_event, detach=False)
+
+    def restore(self, id: str, *, on_event: OnEvent | None = None, detach: bool = False) -> Event:
+        """Makes the layer equal to checkpoint ``id``; returns the ``complete`` event
+        (``undo`` names the automatic checkpoint that undoes it). With ``detach``, returns
+        the first event instead: the job goes on; :meth:`follow` its ``job``."""
+        return self._stream(
+            "POST", _path("/v1/checkpoints", id, "restore"), {}, on_event, detach=detach
+        )
+
+    def reset(self, *, on_event: OnEvent | None = None, detach: bool = False) -> Event:
+        """Empties the layer back to the base image (after an automatic checkpoint);
+        returns as :meth:`restore` does."""
+        return self._stream("POST", "/v1/reset", {}, on_event, detach=detach)
+
+    def delete(self, id: str) -> JsonObject:
+        """Deletes a checkpoint and frees its space (``active_checkpoint``, ``not_found``)."""
+        return self._object("DELETE", _path("/v1/checkpoints", id))
+
+    def follow(self, n: int, on_event: OnEvent | None = None) -> Event:
+        """Follows job ``n`` from its first event to its end; returns its ``complete`` event
+        and raises :class:`ApiError` if it ended with an ``error`` one."""
+        return self._stream("GET", _path("/v1/jobs", str(n), "events"), None, on_event, False)
+
+    # -- raw -------------------------------------------------------------------------------
+
+    def request(
+        self, method: str, path: str, body: bytes | str | None = None
+    ) -> tuple[int, http.client.HTTPMessage, bytes]:
+        """Any request; returns ``(status, headers, body)`` whatever the status."""
+        with self.open_reply(method, path, body) as reply:
+            return reply.status, reply.headers, reply.read()
+
+    def open_reply(
+        self,
+        method: str,
+        path: str,
+        body: bytes | str | None = None,
+        headers: Headers | None = None,
+    ) -> Reply:
+        """Any request; returns the :class:`Reply` as soon as its headers arrive, whatever
+        the status (waiting for the daemon as every call does). ``headers`` add to or
+        replace the client's (``X-Sprite-Actor``; ``Content-Type: application/json`` with
+        a body)."""
+        data = body.encode() if isinstance(body, str) else body
+        return self._open(method, path, data, headers or [], stream=True)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _object(self, method: str, path: str) -> JsonObject:
+        value = self._json(method, path)
+        if not isinstance(value, dict):
+            raise ApiError("bad_response", f"{method} {path}: expected an object", 200)
+        return value
+
+    def _list(self, method: str, path: str) -> JsonList:
+        value = self._json(method, path)
+        if not isinstance(value, list):
+            raise ApiError("bad_response", f"{method} {path}: expected a list", 200)
+        return value
+
+    def _json(self, method: str, path: str) -> Any:
+        with self._open(method, path, None, [], stream=False) as reply:
+            if reply.status >= 300:
+                raise reply.error()
+            body = reply.read()
+        try:
+            return json.loads(body)
+        except ValueError:
+            text = body[:200].decode(errors="replace")
+            raise ApiError("bad_response", f"{method} {path}: not JSON: {text}", 200) from None
+
+    def _stream(
+        self,
+        method: str,
+        path: str,
+        body: JsonObject | None,
+        on_event: OnEvent | None,
+        detach: bool,
+    ) -> Event:
+        data = None if body is None else json.dumps(body).encode()
+        reply = self._open(method, path, data, [], stream=True)
+        if reply.status >= 300:
+            with reply:
+                raise reply.error()
+        seen = 0  # events handed to on_event; a re-attach replays them first
+        job: int | None = None
+        empty = 0
+        while True:
+            skip, before = seen, seen
+            with reply:
+                for index, event in enumerate(reply.events()):
+                    if index < skip:
+                        continue
+                    seen += 1
+                    if isinstance(event.get("job"), int):
+                        job = event["job"]
+                    if on_event is not None:
+                        on_event(event)
+                    if event["type"] == "error":
+                        code = str(event.get("code") or "internal")
+                        raise ApiError(code, str(event.get("error") or code))
+                    if event["type"] == "complete" or (detach and job is not None):
+                        return event
+            # The stream ended without its last event: the connection dropped (or the
+            # daemon restarted). The job goes on in the daemon; follow it there.
+            if job is None:
+                raise DaemonUnavailable(
+                    f"the daemon at {self.socket_path} closed the stream of {method} {path} "
+                    "before naming its job"
+                )
+            empty = empty + 1 if seen == before else 0
+            if empty > _MAX_EMPTY_REATTACH:
+                raise DaemonUnavailable(f"the event stream of job {job} keeps ending early")
+            time.sleep(_POLL * empty)
+            reply = self._reattach(job)
+
+    def _reattach(self, job: int) -> Reply:
+        reply = self._open("GET", _path("/v1/jobs", str(job), "events"), None, [], stream=True)
+        if reply.status < 300:
+            return reply
+        with reply:
+            error = reply.error()
+        if error.code == "not_found":
+            raise DaemonUnavailable(
+                f"lost job {job}: the daemon no longer knows it (restarted?); "
+                "see sprite-env checkpoints log"
+            )
+        raise error
+
+    def _open(
+        self, method: str, path: str, body: bytes | None, headers: Headers, *, stream: bool
+    ) -> Reply:
+        """Sends one request, retrying while the daemon is not there yet (see the module
+        docstring); returns the reply whatever its status."""
+        deadline = time.monotonic() + self.wait
+        waiting = False
+        while True:
+            try:
+                reply = self._attempt(method, path, body, headers, stream=stream)
+            except (FileNotFoundError, ConnectionRefusedError):
+                pass  # nobody listens (yet): nothing was sent
+            except TimeoutError:
+                raise DaemonUnavailable(
+                    f"the daemon at {self.socket_path} did not answer within {self.timeout:g} s"
+                ) from None
+            except (OSError, http.client.HTTPException) as e:
+                raise DaemonUnavailable(
+                    f"cannot talk to the daemon at {self.socket_path}: {e}"
+                ) from None
+            else:
+                if reply.status != 503 or reply.error().code not in _NOT_READY:
+                    return reply  # (an error's body was read whole; the reply replays it)
+                reply.close()
+            if time.monotonic() >= deadline:
+                raise DaemonUnavailable(
+                    f"no sprite-env daemon answers at {self.socket_path}; "
+                    "start one with: sprite-env daemon"
+                )
+            if not waiting:
+                waiting = True
+                self._say(
+                    f"waiting for the sprite-env daemon at {self.socket_path} "
+                    "(starting or finishing a restore)..."
+                )
+            time.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))
+
+    def _attempt(
+        self, method: str, path: str, body: bytes | None, extra: Headers, *, stream: bool
+    ) -> Reply:
+        headers = {"X-Sprite-Actor": self.actor}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        lower = {k.lower(): k for k in headers}
+        for key, value in extra:
+            headers.pop(lower.get(key.lower(), key), None)
+            headers[key] = value
+        conn = UnixHTTPConnection(self.socket_path, self.timeout)
+        with contextlib.ExitStack() as on_error:
+            on_error.callback(conn.close)
+            conn.request(method, path, body=body, headers=headers)
+            response = conn.getresponse()
+            on_error.pop_all()  # from here the reply owns the connection
+        if stream and conn.unix_socket is not None:
+            # a job may wait in the queue, or scan a large layer, between two events
+            conn.unix_socket.settimeout(None)
+        return Reply(conn, response)
+
+    def _say(self, line: str) -> None:
+        if self.notice is not None:
+            self.notice(line)
+        elif sys.stderr.isatty():
+            print(line, file=sys.stderr, flush=True)
+
+
+def _path(base: str, *parts: str, query: dict[str, str] | None = None) -> str:
+    """``base/part/...?query`` with each part percent-encoded whole (``../x`` stays one
+    segment, so the daemon sees an invalid id rather than another path)."""
+    path = "/".join([base, *(quote(p, safe="") for p in parts)])
+    return f"{path}?{urlencode(query)}" if query else path
