@@ -13,10 +13,13 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+import trio
+
 from sprite_env.api.problems import Problem
 from sprite_env.api.server import Request, Response, StreamResponse
 from sprite_env.checkpoints.registry import validate_id
 from sprite_env.daemon.activity import clean_actor
+from sprite_env.services import validate_name
 
 if TYPE_CHECKING:
     from sprite_env.daemon.service import Daemon
@@ -93,6 +96,10 @@ class Router:
             (re.compile(r"/v1/activity"), {"GET": self.activity}),
             (re.compile(r"/v1/jobs/(?P<n>[^/]+)"), {"GET": self.job}),
             (re.compile(r"/v1/jobs/(?P<n>[^/]+)/events"), {"GET": self.job_events}),
+            (re.compile(r"/v1/services"), {"GET": self.services}),
+            (re.compile(r"/v1/services/(?P<name>[^/]+)/start"), {"POST": self.service_start}),
+            (re.compile(r"/v1/services/(?P<name>[^/]+)/stop"), {"POST": self.service_stop}),
+            (re.compile(r"/v1/services/(?P<name>[^/]+)/logs"), {"GET": self.service_logs}),
         ]
 
     async def handle(self, req: Request) -> Answer:
@@ -193,3 +200,26 @@ class Router:
 
     async def job_events(self, req: Request, p: dict[str, str]) -> Answer:
         return StreamResponse(200, self._job(p["n"]).stream())
+
+    # -- services --------------------------------------------------------------------------
+
+    async def services(self, req: Request, _: dict[str, str]) -> Answer:
+        sup = self.daemon.env.supervisor
+        await sup.reload()
+        return json_response({"services": sup.status(), "errors": sup.definition_errors})
+
+    async def service_start(self, req: Request, p: dict[str, str]) -> Answer:
+        return json_response(await self.daemon.env.supervisor.start(validate_name(p["name"])))
+
+    async def service_stop(self, req: Request, p: dict[str, str]) -> Answer:
+        return json_response(await self.daemon.env.supervisor.stop(validate_name(p["name"])))
+
+    async def service_logs(self, req: Request, p: dict[str, str]) -> Answer:
+        _check_query(req, {"lines"})
+        raw = req.query.get("lines", "100")
+        if not raw.isdigit() or not 1 <= int(raw) <= 100_000:
+            raise Problem("bad_request", f"lines must be a number from 1 to 100000, not {raw!r}")
+        name = validate_name(p["name"])
+        sup = self.daemon.env.supervisor
+        lines = await trio.to_thread.run_sync(sup.logs, name, int(raw))
+        return json_response({"name": name, "lines": lines})

@@ -33,6 +33,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--no-view", action="store_true", help="do not mount STATE/checkpoints")
     p.add_argument(
+        "--overlay",
+        metavar="LOWER:UPPER:WORK:MERGED",
+        help="mount overlayfs: LOWER the base image, UPPER the layer checkpoints hold, "
+        "MERGED the environment's root (restores unmount and remount it)",
+    )
+    p.add_argument(
         "--request-timeout",
         type=float,
         default=10.0,

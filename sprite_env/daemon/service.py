@@ -26,10 +26,13 @@ from sprite_env.api import events
 from sprite_env.api.server import Limits, serve_unix
 from sprite_env.checkpoints import Engine
 from sprite_env.daemon.activity import ActivityLog
+from sprite_env.daemon.environment import Environment
 from sprite_env.daemon.jobs import Job, JobRunner
 from sprite_env.daemon.retention import RetentionPolicy, make_room, plan_retention
 from sprite_env.daemon.scheduler import run_scheduler
 from sprite_env.errors import SpriteError, UserError
+from sprite_env.overlay import Overlay
+from sprite_env.services import Supervisor
 
 if TYPE_CHECKING:
     import argparse
@@ -62,6 +65,17 @@ class DaemonConfig:
     view_count: int = 5
     limits: Limits = field(default_factory=Limits)
     excludes: list[str] | None = None
+    overlay: Overlay | None = None
+
+    @property
+    def layer(self) -> str:
+        """What checkpoints hold: UPPER with an overlay, else the root."""
+        return self.overlay.upper if self.overlay else self.root
+
+    @property
+    def env_root(self) -> str:
+        """Where the environment sees its files: MERGED with an overlay, else the root."""
+        return self.overlay.merged if self.overlay else self.root
 
     @property
     def store_dir(self) -> str:
@@ -80,10 +94,13 @@ class Daemon:
     """The operations the API exposes, over one engine. Methods run in the trio thread;
     engine work goes to worker threads, one job at a time through :class:`JobRunner`."""
 
-    def __init__(self, config: DaemonConfig, engine: Engine, activity: ActivityLog) -> None:
+    def __init__(
+        self, config: DaemonConfig, engine: Engine, activity: ActivityLog, env: Environment
+    ) -> None:
         self.config = config
         self.engine = engine
         self.activity = activity
+        self.env = env
         self.jobs = JobRunner()
         self.view: ViewOperations | None = None
         self.started = events.now_rfc3339()
@@ -200,11 +217,12 @@ class Daemon:
         async def body(job: Job) -> Event:
             job.info(f"Restoring from checkpoint {cid}...")
             await trio.to_thread.run_sync(self._room_for, 1, False, actor)  # the undo point
-            rep = await trio.to_thread.run_sync(
-                lambda: self.engine.restore(
-                    cid, created_by=actor, progress=job.progress_from_thread()
+            async with self.env.down(job):
+                rep = await trio.to_thread.run_sync(
+                    lambda: self.engine.restore(
+                        cid, created_by=actor, progress=job.progress_from_thread()
+                    )
                 )
-            )
             await self._record("restore", cid, actor, True, f"undo: {rep.undo}")
             await self._apply_retention()
             return events.complete(
@@ -217,9 +235,10 @@ class Daemon:
         async def body(job: Job) -> Event:
             job.info("Resetting the layer to the base image...")
             await trio.to_thread.run_sync(self._room_for, 1, False, actor)
-            rep = await trio.to_thread.run_sync(
-                lambda: self.engine.reset(created_by=actor, progress=job.progress_from_thread())
-            )
+            async with self.env.down(job):
+                rep = await trio.to_thread.run_sync(
+                    lambda: self.engine.reset(created_by=actor, progress=job.progress_from_thread())
+                )
             await self._record("reset", None, actor, True, f"undo: {rep.undo}")
             await self._apply_retention()
             return events.complete(job.id, "Reset complete", undo=rep.undo, stats=rep.to_json())
@@ -395,20 +414,29 @@ async def run(
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             install_llm_txt(state)
-            log.info("opening %s (store %s)", config.root, config.store_dir)
+            log.info("opening %s (store %s)", config.layer, config.store_dir)
             engine = await trio.to_thread.run_sync(
                 lambda: Engine(
-                    config.root,
+                    config.layer,
                     config.store_dir,
                     excludes=config.excludes,
                     exclude_dirs=[state],
-                    progress=None,
+                    resume=False,
                 )
             )
             try:
+                supervisor = Supervisor(config.env_root, os.path.join(state, "services"))
+                env = Environment(supervisor, config.overlay)
                 activity = ActivityLog(os.path.join(state, "activity.jsonl"))
-                daemon = Daemon(config, engine, activity)
-                await _serve(daemon, signals, task_status)
+                daemon = Daemon(config, engine, activity, env)
+                async with trio.open_nursery() as services:
+                    await services.start(supervisor.run)
+                    await _finish_interrupted(daemon)
+                    await env.up()
+                    await _serve(daemon, signals, task_status)
+                    await supervisor.stop_all()
+                    await _shutdown_checkpoint(daemon)
+                    services.cancel_scope.cancel()
             finally:
                 engine.close()
     finally:
@@ -449,8 +477,23 @@ async def _serve(
                         break
                     front.cancel()
             daemon.jobs.close()  # queued jobs fail; the running one ends; run() returns
-        await _shutdown_checkpoint(daemon)
         outer.cancel_scope.cancel()
+
+
+async def _finish_interrupted(daemon: Daemon) -> None:
+    """Finishes a restore (or delete) a crash interrupted, before anyone can connect. With
+    an overlay, MERGED comes down first: UPPER must not change under a mounted overlay."""
+    engine = daemon.engine
+    if engine.pending_restore() is not None:
+        log.info("finishing an interrupted restore")
+        await daemon.env.take_down()
+        rep = await trio.to_thread.run_sync(engine.resume_pending)
+        if daemon.env.overlay is not None:
+            await trio.to_thread.run_sync(daemon.env.overlay.empty_work)
+        if rep is not None:
+            daemon.activity.record("restore", rep.id, "daemon", True, "finished after a crash")
+    else:
+        await trio.to_thread.run_sync(engine.resume_pending)  # an interrupted delete
 
 
 async def _start_view(nursery: trio.Nursery, daemon: Daemon) -> ViewOperations | None:
@@ -497,8 +540,16 @@ async def _shutdown_checkpoint(daemon: Daemon) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> DaemonConfig:
-    root = os.path.abspath(args.root or "/")
+    overlay = args.overlay
+    if overlay and args.root:
+        raise UserError("--overlay names the layer (UPPER) and the root (MERGED): drop --root")
+    root = os.path.abspath(args.root or (overlay.split(":")[3] if overlay else "/"))
     state = os.path.abspath(args.state or os.path.join(root, ".sprite"))
+    if overlay and (state + "/").startswith(root.rstrip("/") + "/"):
+        raise UserError(
+            f"with --overlay the state directory must be outside MERGED ({root}): a restore "
+            "unmounts MERGED; give --state"
+        )
     if args.max_checkpoints < 1:
         raise UserError("--max-checkpoints must be at least 1")
     return DaemonConfig(
@@ -512,6 +563,7 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         view_count=args.view_count,
         limits=Limits(request_timeout=args.request_timeout),
         excludes=args.exclude,
+        overlay=Overlay.parse(args.overlay) if args.overlay else None,
     )
 
 

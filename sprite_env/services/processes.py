@@ -9,8 +9,8 @@ The scan reads, for each process: ``/proc/PID/cwd``, ``root``, ``exe``, every
 ``PATH (deleted)``; it still pins the mount, so it counts.
 
 Which processes are never listed or signalled: our own, our ancestors (the shell or
-service manager that started the daemon), every process in our process group, kernel
-threads, and pid 1.
+service manager that started the daemon), kernel threads, and pid 1. Siblings in our
+process group are listed: a hand-started process is one, whoever started it.
 
 Error handling:
     Processes come and go during a scan: a process that vanishes (ENOENT, ESRCH) or that
@@ -82,7 +82,7 @@ def processes_using(path: str, *, exclude: Iterable[int] = ()) -> list[ProcInfo]
     Args:
         path: a directory (usually a mount point); compared after resolving symlinks, as
             ``/proc`` shows resolved paths.
-        exclude: more pids to leave out, besides ourselves and our ancestors and group.
+        exclude: more pids to leave out, besides ourselves and our ancestors.
 
     Returns:
         One :class:`ProcInfo` per process, with everything it was seen to hold.
@@ -92,13 +92,12 @@ def processes_using(path: str, *, exclude: Iterable[int] = ()) -> list[ProcInfo]
     """
     prefixes = {_prefix(os.path.abspath(path)), _prefix(os.path.realpath(path))}
     skip = _protected() | set(exclude)
-    ours = os.getpgrp()
     found: list[ProcInfo] = []
     for pid in _pids():
         if pid in skip:
             continue
         st = _stat(pid)
-        if st is None or st.pgrp == ours or st.state == "Z" or st.flags & _PF_KTHREAD:
+        if st is None or st.state == "Z" or st.flags & _PF_KTHREAD:
             continue
         uses = _uses(pid, prefixes)
         if uses:

@@ -1,0 +1,87 @@
+"""What runs on the layer, and how a restore takes it down and brings it back.
+
+Without an overlay the layer is a plain directory: a restore stops the services, replaces
+files, and starts the services again; other processes are left alone (with ``--root /``
+they include the shell that asked). With ``--overlay`` the environment is MERGED, and a
+restore is the Sprites shape: stop the services, end every process that holds a file or a
+working directory in MERGED (sessions end), unmount MERGED, replace UPPER, empty WORK,
+mount again, start the services. Processes started by hand do not come back.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+import trio
+
+from sprite_env.services import Supervisor, processes_using, terminate
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from sprite_env.daemon.jobs import Job
+    from sprite_env.overlay import Overlay
+
+log = logging.getLogger(__name__)
+
+#: Seconds a process using MERGED gets between SIGTERM and SIGKILL at a restore.
+END_GRACE_S = 5.0
+
+
+class Environment:
+    def __init__(self, supervisor: Supervisor, overlay: Overlay | None) -> None:
+        self.supervisor = supervisor
+        self.overlay = overlay
+
+    @property
+    def root(self) -> str:
+        """Where the environment sees its files (services' working directories map here)."""
+        return self.overlay.merged if self.overlay else self.supervisor.root
+
+    async def up(self, job: Job | None = None) -> None:
+        """Mounts the overlay (if down) and starts the services."""
+        if self.overlay is not None:
+            await trio.to_thread.run_sync(self.overlay.mount)
+        errors = await self.supervisor.start_all()
+        for e in errors:
+            log.warning("service definition: %s", e)
+            if job is not None:
+                job.info(f"Service definition skipped: {e}")
+        if job is not None:
+            job.info("Services started")
+
+    async def take_down(self, job: Job | None = None) -> None:
+        """Ends what uses MERGED and unmounts it (overlay only); services must be stopped."""
+        if self.overlay is None:
+            return
+        procs = await trio.to_thread.run_sync(processes_using, self.overlay.merged)
+        if procs:
+            if job is not None:
+                job.info(f"Ending {len(procs)} processes using {self.overlay.merged}...")
+            for p in procs:
+                log.info("ending %s", p.describe())
+            report = await terminate(procs, grace=END_GRACE_S)
+            if report.survivors:
+                log.error("processes survived SIGKILL: %s", report.survivors)
+        await trio.to_thread.run_sync(self.overlay.unmount)
+
+    @asynccontextmanager
+    async def down(self, job: Job) -> AsyncIterator[None]:
+        """Holds the environment down for the block (a restore or reset), then brings it
+        back up, also when the block failed: a failed restore must not leave it down."""
+        job.info("Stopping services...")
+        try:
+            async with self.supervisor.paused():
+                await self.take_down(job)
+                job.info("Restoring filesystem...")
+                try:
+                    yield
+                finally:
+                    if self.overlay is not None:
+                        with trio.CancelScope(shield=True):
+                            await trio.to_thread.run_sync(self.overlay.empty_work)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.up(job)

@@ -1,0 +1,111 @@
+"""llm.txt tells agents what to run: every command it shows is run here, in the order shown,
+against a real daemon, and must succeed."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.helpers.cli import REPO
+
+pytestmark = pytest.mark.integration
+
+PROGRAMS = ("sprite-env", "curl", "ls", "diff", "cp")
+
+
+def shown_commands() -> list[str]:
+    """The indented command lines of llm.txt (two spaces, then a known program)."""
+    with open(os.path.join(REPO, "llm.txt"), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    return [
+        line.strip()
+        for line in lines
+        if line.startswith("  ")
+        and not line.startswith("   ")
+        and line.strip().split(" ", 1)[0] in PROGRAMS
+    ]
+
+
+def test_llm_txt_shows_every_command() -> None:
+    cmds = shown_commands()
+    words = {" ".join(shlex.split(c)[:3]) for c in cmds if c.startswith("sprite-env")}
+    for needed in (
+        "sprite-env checkpoints create",
+        "sprite-env checkpoints list",
+        "sprite-env checkpoints info",
+        "sprite-env checkpoints diff",
+        "sprite-env checkpoints delete",
+        "sprite-env checkpoints log",
+        "sprite-env restore v0",
+        "sprite-env reset --yes",
+    ):
+        assert any(w.startswith(needed) for w in words), needed
+    curls = " ".join(c for c in cmds if c.startswith("curl"))
+    for endpoint in (
+        "/v1/checkpoints",
+        "/v1/checkpoint ",
+        "/restore",
+        "-X DELETE",
+        "/diff",
+        "/preview",
+        "/v1/activity",
+        "/v1/status",
+        "/v1/jobs/1/events",
+    ):
+        assert endpoint in curls, endpoint
+
+
+def _write(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def test_every_command_in_llm_txt_runs(daemon: Any, tmp_path: Any) -> None:
+    root, state = daemon.root, daemon.state
+    hosts = os.path.join(root, "etc", "hosts")
+    _write(hosts, b"127.0.0.1 localhost\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "sprite-env"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m sprite_env "$@"\n')
+    wrapper.chmod(0o755)
+    env = {
+        **os.environ,
+        **daemon.env(),
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PYTHONPATH": REPO,
+    }
+    # Layer changes between commands, so that each one has something to show.
+    before = {
+        "sprite-env --as my-agent checkpoints create": lambda: _write(hosts, b"10.0.0.1 db\n"),
+        "sprite-env checkpoints diff v0": lambda: _write(os.path.join(root, "new.txt"), b"n"),
+        "ls /.sprite/checkpoints/": lambda: daemon.stream("POST", "/v1/checkpoints/v0/restore"),
+    }
+    ran = []
+    for cmd in shown_commands():
+        for prefix, action in before.items():
+            if cmd.startswith(prefix) and prefix not in ran:
+                action()
+                ran.append(prefix)
+        real = (
+            cmd.replace("/.sprite/api.sock", daemon.socket)
+            .replace("/.sprite/", state + "/")
+            .replace(" /etc/hosts", " " + hosts)
+            .replace("/tmp/hosts-from-v0", str(tmp_path / "hosts-from-v0"))
+        )
+        if real.startswith("curl "):
+            real = "curl -sS --fail-with-body " + real[len("curl ") :]
+        p = subprocess.run(
+            real, shell=True, env=env, capture_output=True, text=True, timeout=300, cwd=root
+        )
+        ok = (0, 1) if cmd.startswith("diff ") else (0,)  # diff: 1 means "they differ"
+        assert p.returncode in ok, f"{cmd}\n-> {real}\nexit {p.returncode}\n{p.stdout}\n{p.stderr}"
+    assert len(ran) == len(before)
+    with open(tmp_path / "hosts-from-v0", "rb") as f:
+        assert f.read() == b"127.0.0.1 localhost\n"
