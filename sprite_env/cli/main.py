@@ -74,7 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_curl.add_parser(sub)
     cmd_store.add_parser(sub)
     _add_deferred(
-        sub, "demo", "sprite_env.cli.cmd_demo", "store, change, read back and check a sample tree"
+        sub,
+        "demo",
+        "sprite_env.cli.cmd_demo",
+        "the whole loop against a real daemon, in a temporary directory",
     )
     cmd_daemon.add_parser(sub)
     return parser
