@@ -85,6 +85,7 @@ Event = dict[str, Any]
 OnEvent = Callable[[Event], None]
 JsonObject = dict[str, Any]
 JsonList = list[dict[str, Any]]
+Lines = list[str]
 Headers = list[tuple[str, str]]
 
 
@@ -327,6 +328,23 @@ class Client:
         """Follows job ``n`` from its first event to its end; returns its ``complete`` event
         and raises :class:`ApiError` if it ended with an ``error`` one."""
         return self._stream("GET", _path("/v1/jobs", str(n), "events"), None, on_event, False)
+
+    # -- services --------------------------------------------------------------------------
+
+    def services(self) -> JsonObject:
+        """``{"services": [status, ...], "errors": [bad definition files]}``."""
+        return self._object("GET", "/v1/services")
+
+    def service_start(self, name: str) -> JsonObject:
+        return self._object("POST", _path("/v1/services", name, "start"))
+
+    def service_stop(self, name: str) -> JsonObject:
+        return self._object("POST", _path("/v1/services", name, "stop"))
+
+    def service_logs(self, name: str, lines: int = 100) -> Lines:
+        """The last ``lines`` lines the service wrote (stdout and stderr)."""
+        got = self._object("GET", _path("/v1/services", name, "logs", query={"lines": str(lines)}))
+        return [str(line) for line in got["lines"]]
 
     # -- raw -------------------------------------------------------------------------------
 

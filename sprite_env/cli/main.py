@@ -42,6 +42,7 @@ from sprite_env.cli import (
     cmd_daemon,
     cmd_mount,
     cmd_reset,
+    cmd_services,
     cmd_store,
 )
 from sprite_env.cli.options import add_common_options
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_checkpoints.add_restore_parser(sub)
     cmd_reset.add_parser(sub)
     cmd_curl.add_parser(sub)
+    cmd_services.add_parser(sub)
     cmd_store.add_parser(sub)
     _add_deferred(
         sub,

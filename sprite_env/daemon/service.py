@@ -540,10 +540,10 @@ async def _shutdown_checkpoint(daemon: Daemon) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> DaemonConfig:
-    overlay = args.overlay
+    overlay = Overlay.parse(args.overlay) if args.overlay else None
     if overlay and args.root:
         raise UserError("--overlay names the layer (UPPER) and the root (MERGED): drop --root")
-    root = os.path.abspath(args.root or (overlay.split(":")[3] if overlay else "/"))
+    root = overlay.merged if overlay else os.path.abspath(args.root or "/")
     state = os.path.abspath(args.state or os.path.join(root, ".sprite"))
     if overlay and (state + "/").startswith(root.rstrip("/") + "/"):
         raise UserError(
@@ -563,7 +563,7 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         view_count=args.view_count,
         limits=Limits(request_timeout=args.request_timeout),
         excludes=args.exclude,
-        overlay=Overlay.parse(args.overlay) if args.overlay else None,
+        overlay=overlay,
     )
 
 

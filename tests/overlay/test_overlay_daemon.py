@@ -1,0 +1,215 @@
+"""The sprite shape with a real overlayfs: the daemon captures UPPER, a restore takes the
+environment down and brings it back, services return and hand-started processes do not."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+from sprite_env.overlay.mount import _mounted_at
+from tests.helpers import trees
+from tests.helpers.cli import run_cli
+
+pytestmark = pytest.mark.integration
+
+SERVICE = """\
+command = "echo started >> {log}; exec sleep 1000"
+workdir = "/srv"
+restart = "always"
+"""
+
+
+def _upper(path: str) -> trees.Snapshot:
+    """UPPER's facts, with whiteouts' link counts left out: overlayfs makes every whiteout
+    a hard link of one inode in WORK, an artifact that means nothing to the layer."""
+    snap = trees.snapshot_tree(path)
+    return {
+        p: dataclasses.replace(f, nlink=None) if f.rdev == (0, 0) else f for p, f in snap.items()
+    }
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _write(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _create(d: Any, comment: str) -> dict[str, Any]:
+    status, evs = d.stream("POST", "/v1/checkpoint", {"comment": comment})
+    assert evs[-1]["type"] == "complete", evs
+    return evs[-1]  # type: ignore[no-any-return]
+
+
+def _restore(d: Any, cid: str) -> list[dict[str, Any]]:
+    status, evs = d.stream("POST", f"/v1/checkpoints/{cid}/restore")
+    assert status == 202
+    assert evs[-1]["type"] == "complete", evs
+    return evs  # type: ignore[no-any-return]
+
+
+def _service_state(d: Any, name: str) -> dict[str, Any]:
+    status, got = d.json("GET", "/v1/services")
+    return next(s for s in got["services"] if s["name"] == name)  # type: ignore[no-any-return]
+
+
+def _wait_running(d: Any, name: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        s = _service_state(d, name)
+        if s["state"] == "running":
+            return s
+        time.sleep(0.05)
+    raise AssertionError(f"service {name} not running: {s}")
+
+
+def test_whiteouts_and_opaque_dirs_round_trip(overlay_daemon: Any) -> None:
+    d, o = overlay_daemon, overlay_daemon.overlay
+    assert _mounted_at(o.merged) == "overlay"
+    merged = o.merged
+    os.unlink(os.path.join(merged, "etc", "hosts"))  # a whiteout in UPPER
+    subprocess.run(["rm", "-rf", os.path.join(merged, "usr", "lib", "pkg")], check=True)
+    os.makedirs(os.path.join(merged, "usr", "lib", "pkg"))  # an opaque directory
+    _write(os.path.join(merged, "usr", "lib", "pkg", "new.py"), b"# new\n")
+    _write(os.path.join(merged, "app", "main.py"), b"print('v0')\n")
+    upper_st = os.lstat(os.path.join(o.upper, "etc", "hosts"))
+    assert (os.major(upper_st.st_rdev), os.minor(upper_st.st_rdev)) == (0, 0)
+    assert os.getxattr(os.path.join(o.upper, "usr", "lib", "pkg"), "trusted.overlay.opaque") == b"y"
+    merged_v0 = trees.snapshot_tree(merged)
+    upper_v0 = _upper(o.upper)
+    _create(d, "v0")
+
+    # Undo all of it through MERGED: the whiteout goes, the opaque dir's files come back.
+    subprocess.run(["rm", "-rf", os.path.join(o.upper, "x")], check=True)
+    _write(os.path.join(merged, "etc", "hosts"), b"10.0.0.1 other\n")
+    subprocess.run(
+        ["rm", "-rf", os.path.join(merged, "usr"), os.path.join(merged, "app")], check=True
+    )
+    _write(os.path.join(merged, "app", "other.py"), b"x")
+    evs = _restore(d, "v0")
+    infos = [e["data"] for e in evs if e["type"] == "info"]
+    assert infos[:3] == [
+        "Restoring from checkpoint v0...",
+        "Stopping services...",
+        "Restoring filesystem...",
+    ]
+    assert infos[-1] == "Services started"
+    assert _mounted_at(o.merged) == "overlay"
+    trees.assert_trees_equal(upper_v0, _upper(o.upper), check_root_meta=False)
+    trees.assert_trees_equal(merged_v0, merged, check_root_meta=False)
+    assert sorted(os.listdir(os.path.join(merged, "usr", "lib", "pkg"))) == ["new.py"]
+    assert not os.path.exists(os.path.join(merged, "etc", "hosts"))
+    assert os.listdir(o.work) in ([], ["work"], ["index"], ["index", "work"])
+
+
+def test_restore_ends_sessions_and_restarts_services(overlay_daemon: Any, tmp_path: Any) -> None:
+    d, o = overlay_daemon, overlay_daemon.overlay
+    log = tmp_path / "service-starts.log"
+    os.makedirs(os.path.join(o.merged, "srv"))
+    _write(
+        os.path.join(o.merged, "etc", "sprite", "services", "web.toml"),
+        SERVICE.format(log=log).encode(),
+    )
+    p = run_cli("services", "start", "web", env=d.env())
+    assert p.returncode == 0, p.stderr
+    first = _wait_running(d, "web")
+    assert os.readlink(f"/proc/{first['pid']}/cwd") == os.path.join(o.merged, "srv")
+    _create(d, "with web")
+
+    # A session: a shell whose working directory is in MERGED, started by hand.
+    hand = subprocess.Popen(["sleep", "1000"], cwd=os.path.join(o.merged, "srv"))
+    holder = subprocess.Popen(
+        [
+            "python3",
+            "-c",
+            "import time,sys; f=open(sys.argv[1]); time.sleep(1000)",
+            os.path.join(o.merged, "etc", "sprite", "services", "web.toml"),
+        ],
+        cwd="/",
+    )
+    time.sleep(0.3)
+    try:
+        evs = _restore(d, "v0")
+        assert any(
+            e["type"] == "info" and e["data"].startswith("Ending 2 processes") for e in evs
+        ), evs
+        assert hand.wait(10) == -signal.SIGTERM
+        assert holder.wait(10) == -signal.SIGTERM
+    finally:
+        for proc in (hand, holder):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    again = _wait_running(d, "web")
+    assert again["pid"] != first["pid"]
+    assert log.read_text().splitlines() == ["started", "started"]
+
+    p = run_cli("services", "list", env=d.env())
+    assert p.returncode == 0
+    assert "web" in p.stdout
+    assert "running" in p.stdout
+    p = run_cli("services", "stop", "web", env=d.env())
+    assert p.returncode == 0
+    assert "stopped web" in p.stdout
+    assert _service_state(d, "web")["state"] == "stopped"
+    p = run_cli("services", "logs", "web", env=d.env())
+    assert p.returncode == 0
+    p = run_cli("services", "start", "nope", env=d.env())
+    assert p.returncode == 2
+    assert "nope" in p.stderr
+
+
+def test_a_service_removed_by_the_restore_does_not_come_back(
+    overlay_daemon: Any, tmp_path: Any
+) -> None:
+    d, o = overlay_daemon, overlay_daemon.overlay
+    _write(os.path.join(o.merged, "a.txt"), b"a")
+    _create(d, "no services")
+    os.makedirs(os.path.join(o.merged, "srv"))
+    _write(
+        os.path.join(o.merged, "etc", "sprite", "services", "web.toml"),
+        SERVICE.format(log=tmp_path / "log").encode(),
+    )
+    run_cli("services", "start", "web", env=d.env())
+    pid = _wait_running(d, "web")["pid"]
+    _restore(d, "v0")
+    assert not _alive(pid)
+    status, got = d.json("GET", "/v1/services")
+    assert all(s["state"] != "running" for s in got["services"])
+
+
+def test_the_view_shows_the_layer_and_reset_returns_to_the_base(overlay_daemon: Any) -> None:
+    d, o = overlay_daemon, overlay_daemon.overlay
+    _write(os.path.join(o.merged, "app", "main.py"), b"print(1)\n")
+    _create(d, "app")
+    assert os.path.exists(os.path.join(d.state, "checkpoints", "v0", "app", "main.py"))
+    status, evs = d.stream("POST", "/v1/reset")
+    assert evs[-1]["type"] == "complete", evs
+    assert os.listdir(o.upper) == []
+    assert sorted(os.listdir(o.merged)) == ["etc", "usr"]  # the base image only
+    _restore(d, evs[-1]["undo"])
+    with open(os.path.join(o.merged, "app", "main.py"), "rb") as f:
+        assert f.read() == b"print(1)\n"
+
+
+def test_state_inside_merged_is_refused(overlay: Any, tmp_path: Any) -> None:
+    spec = f"{overlay.lower}:{overlay.upper}:{overlay.work}:{overlay.merged}"
+    p = run_cli("daemon", "--overlay", spec)
+    assert p.returncode == 2
+    assert "must be outside MERGED" in p.stderr
+    p = run_cli("daemon", "--overlay", "a:b")
+    assert p.returncode == 2
+    assert "LOWER:UPPER:WORK:MERGED" in p.stderr
