@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from sprite_env.overlay.mount import _mounted_at
+from sprite_env.services import processes_using
 from tests.helpers import trees
 from tests.helpers.cli import run_cli
 
@@ -140,7 +141,10 @@ def test_restore_ends_sessions_and_restarts_services(overlay_daemon: Any, tmp_pa
         ],
         cwd="/",
     )
-    time.sleep(0.3)
+    deadline = time.monotonic() + 20  # until both hold MERGED (python starts slowly)
+    while {p.pid for p in processes_using(o.merged)} < {hand.pid, holder.pid}:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     try:
         evs = _restore(d, "v0")
         assert any(
