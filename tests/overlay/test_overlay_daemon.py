@@ -142,14 +142,13 @@ def test_restore_ends_sessions_and_restarts_services(overlay_daemon: Any, tmp_pa
         cwd="/",
     )
     deadline = time.monotonic() + 20  # until both hold MERGED (python starts slowly)
-    while {p.pid for p in processes_using(o.merged)} < {hand.pid, holder.pid}:
+    while not {hand.pid, holder.pid} <= {p.pid for p in processes_using(o.merged)}:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     try:
         evs = _restore(d, "v0")
-        assert any(
-            e["type"] == "info" and e["data"].startswith("Ending 2 processes") for e in evs
-        ), evs
+        infos = [e["data"] for e in evs if e["type"] == "info"]
+        assert f"Ending 2 processes using {o.merged}..." in infos, infos
         assert hand.wait(10) == -signal.SIGTERM
         assert holder.wait(10) == -signal.SIGTERM
     finally:
