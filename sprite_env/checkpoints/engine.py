@@ -14,11 +14,13 @@ it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 import unicodedata
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +45,10 @@ MAX_COMMENT = 4096
 
 #: Called with a phase name ("capture", "restore", "prune") and its running counters.
 Progress = Callable[[str, Any], None]
+#: Holds the layer still while entered (writers frozen). A create given one captures twice:
+#: first with everything running (storing nearly all the data and refreshing the files
+#: cache), then inside the pause, where only what changed meanwhile is read again.
+Pause = Callable[[], AbstractContextManager[object]]
 
 
 class ActiveCheckpoint(UserError):
@@ -206,9 +212,10 @@ class Engine:
         created_by: str = "user",
         auto: bool = False,
         progress: Progress | None = None,
+        pause: Pause | None = None,
     ) -> Checkpoint:
         """Captures the root into a new checkpoint and makes it the active one."""
-        cp = self._create(comment, created_by, auto, progress, skip_unchanged=False)
+        cp = self._create(comment, created_by, auto, progress, skip_unchanged=False, pause=pause)
         assert cp is not None
         return cp
 
@@ -219,10 +226,11 @@ class Engine:
         created_by: str = "scheduler",
         auto: bool = True,
         progress: Progress | None = None,
+        pause: Pause | None = None,
     ) -> Checkpoint | None:
         """Like :meth:`create`, but returns None (and stores no checkpoint) when the layer
         equals the active checkpoint: what a timer wants, so an idle layer costs nothing."""
-        return self._create(comment, created_by, auto, progress, skip_unchanged=True)
+        return self._create(comment, created_by, auto, progress, skip_unchanged=True, pause=pause)
 
     def _create(
         self,
@@ -232,8 +240,10 @@ class Engine:
         progress: Progress | None,
         *,
         skip_unchanged: bool,
+        pause: Pause | None = None,
     ) -> Checkpoint | None:
         check_comment(comment)
+        prewarmed = self._prewarm(progress) if pause is not None else 0
         cache = dircache.load(self.store.catalog)
         parent = self.registry.active()
         history: list[str] = []
@@ -245,15 +255,16 @@ class Engine:
             except registry.UnknownCheckpoint:
                 history = [parent]
         with self.store.writer() as w:
-            r = capture(
-                self.root,
-                w,
-                self.store.read,
-                cache,
-                excludes=self.excludes,
-                progress=(lambda s: progress("capture", s)) if progress else None,
-            )
-            w.flush()
+            with pause() if pause is not None else contextlib.nullcontext():
+                r = capture(
+                    self.root,
+                    w,
+                    self.store.read,
+                    cache,
+                    excludes=self.excludes,
+                    progress=(lambda s: progress("capture", s)) if progress else None,
+                )
+                w.flush()
             if skip_unchanged and r.top_tree == parent_tree:
                 w.commit(lambda db: dircache.save(db, r.cache_changed, r.cache_removed))
                 return None
@@ -262,9 +273,8 @@ class Engine:
                 cid, seq = self.registry.next_auto_id(now), None
             else:
                 cid, seq = self.registry.next_manual_id()
-            cp = _checkpoint(
-                cid, seq, auto, now, comment, created_by, parent, history, r, w.stats.bytes_stored
-            )
+            added = prewarmed + w.stats.bytes_stored
+            cp = _checkpoint(cid, seq, auto, now, comment, created_by, parent, history, r, added)
             cp.record = w.put(cp.record_bytes(), ObjectKind.META)
 
             def commit(db: Any) -> None:
@@ -274,6 +284,23 @@ class Engine:
 
             w.commit(commit)
         return cp
+
+    def _prewarm(self, progress: Progress | None) -> int:
+        """A capture whose objects and files cache are kept but which makes no checkpoint:
+        the first of the two passes of a paused create (see ``Pause``). Returns the bytes
+        it stored."""
+        with self.store.writer() as w:
+            r = capture(
+                self.root,
+                w,
+                self.store.read,
+                dircache.load(self.store.catalog),
+                excludes=self.excludes,
+                progress=(lambda s: progress("prewarm", s)) if progress else None,
+            )
+            w.flush()
+            w.commit(lambda db: dircache.save(db, r.cache_changed, r.cache_removed))
+            return w.stats.bytes_stored
 
     # -- compare ---------------------------------------------------------------------------
 

@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from sprite_env.overlay import freeze
 from sprite_env.services import Supervisor, processes_using, terminate
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from sprite_env.checkpoints.engine import Pause
     from sprite_env.daemon.jobs import Job
     from sprite_env.overlay import Overlay
 
@@ -34,6 +36,23 @@ class Environment:
     def __init__(self, supervisor: Supervisor, overlay: Overlay | None) -> None:
         self.supervisor = supervisor
         self.overlay = overlay
+        #: How captures hold the layer still: "cgroup2" or "freezer" (see overlay/freeze.py),
+        #: or None (no overlay, or no freezer: files are re-read if they change instead).
+        self.freezer = freeze.available() if overlay is not None else None
+        if overlay is not None and self.freezer is None:
+            log.warning("no cgroup freezer: captures cannot pause the environment's writers")
+
+    def pause(self, report: freeze.FreezeReport) -> Pause | None:
+        """What a create passes to the engine: freeze whatever uses MERGED (processes that
+        hold a file or a working directory there, services included) for the second pass."""
+        if self.overlay is None or self.freezer is None:
+            return None
+        merged = self.overlay.merged
+
+        def find() -> list[int]:
+            return [p.pid for p in processes_using(merged)]
+
+        return lambda: freeze.frozen(find, report)
 
     @property
     def root(self) -> str:

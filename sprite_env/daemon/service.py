@@ -32,6 +32,7 @@ from sprite_env.daemon.retention import RetentionPolicy, make_room, plan_retenti
 from sprite_env.daemon.scheduler import run_scheduler
 from sprite_env.errors import SpriteError, UserError
 from sprite_env.overlay import Overlay
+from sprite_env.overlay.freeze import FreezeReport
 from sprite_env.services import Supervisor
 
 if TYPE_CHECKING:
@@ -194,11 +195,24 @@ class Daemon:
             job.info("Creating checkpoint...")
             await trio.to_thread.run_sync(self._room_for, 1, False, actor)
             job.info("Saving filesystem state...")
+            report = FreezeReport()
+            pause = self.env.pause(report)
             cp = await trio.to_thread.run_sync(
                 lambda: self.engine.create(
-                    text, created_by=actor, auto=auto, progress=job.progress_from_thread()
+                    text,
+                    created_by=actor,
+                    auto=auto,
+                    progress=job.progress_from_thread(),
+                    pause=pause,
                 )
             )
+            extra: dict[str, Any] = {}
+            if pause is not None:
+                extra["pause"] = _pause_json(report)
+                job.info(
+                    f"Writers paused for {report.seconds * 1000:.0f} ms "
+                    f"({len(report.frozen)} processes)"
+                )
             await self._record("create", cp.id, actor, True, text)
             if auto:
                 await self._apply_retention()
@@ -207,6 +221,7 @@ class Daemon:
                 f"Checkpoint {cp.id} created successfully",
                 id=cp.id,
                 checkpoint=cp.to_json(active=cp.id),
+                **extra,
             )
 
         return self.jobs.submit("create", None, actor, self._recorded("create", None, actor, body))
@@ -332,9 +347,10 @@ class Daemon:
 
         async def body(job: Job) -> Event:
             await trio.to_thread.run_sync(self._room_for, 1, False, "scheduler")
+            pause = self.env.pause(FreezeReport())
             cp = await trio.to_thread.run_sync(
                 lambda: self.engine.create_if_changed(
-                    reason, created_by="scheduler", progress=job.progress_from_thread()
+                    reason, created_by="scheduler", progress=job.progress_from_thread(), pause=pause
                 )
             )
             if cp is None:
@@ -360,6 +376,10 @@ def _wait_result(job: Job, key: str) -> dict[str, Any]:
         raise job.problem
     result: dict[str, Any] = job.result[key]
     return result
+
+
+def _pause_json(r: FreezeReport) -> dict[str, Any]:
+    return {"seconds": round(r.seconds, 6), "processes": len(r.frozen), "method": r.method}
 
 
 def _change_json(d: Difference) -> dict[str, Any]:
@@ -528,8 +548,11 @@ async def _shutdown_checkpoint(daemon: Daemon) -> None:
     if daemon.config.auto_interval_s <= 0:
         return
     try:
+        pause = daemon.env.pause(FreezeReport())
         cp = await trio.to_thread.run_sync(
-            lambda: daemon.engine.create_if_changed("at daemon shutdown", created_by="scheduler")
+            lambda: daemon.engine.create_if_changed(
+                "at daemon shutdown", created_by="scheduler", pause=pause
+            )
         )
     except (SpriteError, OSError) as e:
         log.error("shutdown checkpoint failed: %s", e)

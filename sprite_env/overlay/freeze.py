@@ -1,0 +1,191 @@
+"""A brief freeze of the processes that use the environment, for a consistent capture.
+
+A capture reads files one after another; a writer that keeps writing (a log, a SQLite
+database in WAL mode: two files that must agree) would be caught half-way. The engine
+therefore captures twice: once with everything running (that stores nearly all the data
+and refreshes the files cache), then again with the writers frozen, which only re-reads
+what changed in between. Only that second pass is the writers' pause.
+
+The freeze is the kernel's cgroup freezer (v2 ``cgroup.freeze``, else the v1 ``freezer``
+controller): unlike SIGSTOP it is invisible to the processes and to their shells (no
+"Stopped" job, no SIGCHLD), and a child forked meanwhile is frozen with its parent. The
+processes are moved into a cgroup of ours for the freeze and back to their own after.
+What the capture sees is what a power cut at that instant would leave: every file whole
+as of one moment, which is what SQLite's WAL recovery and any journaling program expect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+log = logging.getLogger(__name__)
+
+#: How long to wait for the kernel to report the group frozen.
+FREEZE_TIMEOUT_S = 5.0
+
+
+class FreezeUnavailable(Exception):
+    pass
+
+
+def _cgroup_mounts() -> dict[str, str]:
+    """``{"cgroup2": path, "freezer": path}`` for the hierarchies that are mounted."""
+    out: dict[str, str] = {}
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fstype, _src, opts = (right.split() + ["", "", ""])[:3]
+            mp = left.split()[4]
+            if fstype == "cgroup2":
+                out.setdefault("cgroup2", mp)
+            elif fstype == "cgroup" and "freezer" in opts.split(","):
+                out.setdefault("freezer", mp)
+    return out
+
+
+def _cgroup_of(pid: int, hierarchy: str) -> str | None:
+    """The pid's cgroup path in ``hierarchy`` ("" for v2, "freezer" for v1)."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            for line in f:
+                _hid, controllers, path = line.rstrip("\n").split(":", 2)
+                if (hierarchy == "" and controllers == "" and _hid == "0") or (
+                    hierarchy and hierarchy in controllers.split(",")
+                ):
+                    return path
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None
+
+
+@dataclass
+class _Group:
+    """Our freezer cgroup in one hierarchy."""
+
+    mount: str
+    v2: bool
+    path: str = ""
+    homes: dict[int, str] = field(default_factory=dict)  # pid -> cgroup it came from
+
+    def create(self) -> None:
+        self.path = os.path.join(self.mount, f"sprite-env-freeze-{os.getpid()}")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self.path)
+        if self.v2 and not os.path.exists(os.path.join(self.path, "cgroup.freeze")):
+            os.rmdir(self.path)
+            raise FreezeUnavailable("cgroup v2 without cgroup.freeze")
+
+    def add(self, pid: int) -> bool:
+        home = _cgroup_of(pid, "" if self.v2 else "freezer")
+        if home is None:
+            return False
+        try:
+            with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
+                f.write(str(pid))
+        except (ProcessLookupError, FileNotFoundError):
+            return False  # it ended meanwhile
+        self.homes[pid] = home
+        return True
+
+    def set_frozen(self, frozen: bool) -> None:
+        if self.v2:
+            with open(os.path.join(self.path, "cgroup.freeze"), "w") as f:
+                f.write("1" if frozen else "0")
+        else:
+            with open(os.path.join(self.path, "freezer.state"), "w") as f:
+                f.write("FROZEN" if frozen else "THAWED")
+
+    def wait_frozen(self) -> None:
+        deadline = time.monotonic() + FREEZE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.v2:
+                with open(os.path.join(self.path, "cgroup.events")) as f:
+                    if "frozen 1" in f.read():
+                        return
+            else:
+                with open(os.path.join(self.path, "freezer.state")) as f:
+                    if f.read().strip() == "FROZEN":
+                        return
+            time.sleep(0.001)
+        raise FreezeUnavailable("the kernel did not freeze the group in time")
+
+    def release(self) -> None:
+        """Thaws, sends every process home, removes the cgroup (best effort, never raises:
+        a process left frozen would be far worse than a stray empty cgroup)."""
+        with contextlib.suppress(OSError):
+            self.set_frozen(False)
+        for pid, home in self.homes.items():
+            with (
+                contextlib.suppress(OSError),
+                open(os.path.join(self.mount, home.lstrip("/"), "cgroup.procs"), "w") as f,
+            ):
+                f.write(str(pid))
+        for _ in range(50):
+            try:
+                os.rmdir(self.path)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.01)  # the last moves settle
+        log.error("could not remove %s", self.path)
+
+
+def available() -> str | None:
+    """Which freezer this machine offers ("cgroup2", "freezer"), or None."""
+    mounts = _cgroup_mounts()
+    if "cgroup2" in mounts and os.path.exists(
+        os.path.join(mounts["cgroup2"], "cgroup.subtree_control")
+    ):
+        return "cgroup2"
+    if "freezer" in mounts:
+        return "freezer"
+    return None
+
+
+@dataclass
+class FreezeReport:
+    frozen: list[int] = field(default_factory=list)
+    seconds: float = 0.0  # from the first process frozen to the last thawed
+    method: str | None = None
+
+
+@contextlib.contextmanager
+def frozen(find: Callable[[], list[int]], report: FreezeReport | None = None) -> Iterator[None]:
+    """Freezes every process ``find()`` names (asked again until it names no new one, so a
+    process that started using the tree meanwhile is caught too) for the block.
+
+    Raises:
+        FreezeUnavailable: no cgroup freezer here (the caller decides whether to go on).
+    """
+    report = report if report is not None else FreezeReport()
+    kind = available()
+    if kind is None:
+        raise FreezeUnavailable("no cgroup freezer is mounted")
+    mounts = _cgroup_mounts()
+    group = _Group(mounts[kind], v2=kind == "cgroup2")
+    group.create()
+    t0 = time.monotonic()
+    try:
+        group.set_frozen(True)  # empty and frozen: whoever is moved in stops at once
+        for _round in range(10):
+            new = [p for p in find() if p not in group.homes and p != os.getpid()]
+            if not new:
+                break
+            for pid in new:
+                group.add(pid)
+        group.wait_frozen()
+        report.frozen = sorted(group.homes)
+        report.method = kind
+        yield
+    finally:
+        group.release()
+        report.seconds = time.monotonic() - t0
