@@ -85,6 +85,10 @@ def test_every_command_in_llm_txt_runs(daemon: Any, tmp_path: Any) -> None:
     before = {
         "sprite-env --as my-agent checkpoints create": lambda: _write(hosts, b"10.0.0.1 db\n"),
         "sprite-env checkpoints diff v0": lambda: _write(os.path.join(root, "new.txt"), b"n"),
+        "sprite-env services list": lambda: _write(
+            os.path.join(root, "etc", "sprite", "services", "web.toml"),
+            b'command = "while true; do echo up; sleep 1; done"\n',
+        ),
         "ls /.sprite/checkpoints/": lambda: daemon.stream("POST", "/v1/checkpoints/v0/restore"),
     }
     ran = []
