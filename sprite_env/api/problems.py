@@ -6,6 +6,7 @@ a stream, an ``error`` event with ``code``). Clients branch on ``code``, never o
 
 from __future__ import annotations
 
+import errno
 import json
 from typing import Any
 
@@ -28,7 +29,9 @@ STATUS: dict[str, int] = {
     "quota_exceeded": 409,
     "body_too_large": 413,
     "store_error": 500,
+    "io_error": 500,
     "internal": 500,
+    "no_space": 507,
     "busy": 503,
     "stopping": 503,
 }
@@ -68,4 +71,9 @@ def problem_for(error: BaseException) -> Problem:
     if isinstance(error, UserError):
         code = getattr(error, "code", "bad_request")
         return Problem(code if code in STATUS else "bad_request", str(error))
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f": {error.filename}" if error.filename else ""
+        return Problem("no_space", f"{error.strerror}{where} (nothing was kept; free space)")
+    if isinstance(error, OSError):
+        return Problem("io_error", f"{error}")
     return Problem("internal", f"internal error: {type(error).__name__}: {error}")

@@ -197,6 +197,8 @@ class JobRunner:
             job.problem = problem_for(e)
             if job.problem.code == "internal":
                 log.exception("job %d (%s) failed", job.id, job.describe())
+            else:
+                log.warning("job %d (%s) failed: %s", job.id, job.describe(), job.problem.message)
             job.state = "failed"
             job.emit(events.error(job.id, job.problem.message, job.problem.code))
         finally:

@@ -233,3 +233,31 @@ def test_a_stale_view_of_a_killed_daemon_is_cleaned_at_start(daemon_factory: Any
     finally:
         assert d2.stop() == 0
     assert "stale mount" in d2.log()
+
+
+def test_a_full_disk_fails_the_create_and_loses_nothing(daemon_factory: Any, tmp_path: Any) -> None:
+    store = str(tmp_path / "small-store")
+    os.makedirs(store)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", store]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        d = daemon_factory("--store", store)
+        _write(d.root, "small.txt", b"small")
+        _create(d, "fits")
+        _write(d.root, "big.bin", os.urandom(8 << 20))
+        status, evs = d.stream("POST", "/v1/checkpoint", {"comment": "too big"})
+        assert evs[-1]["type"] == "error", evs
+        assert evs[-1]["code"] == "no_space"
+        assert "No space left" in evs[-1]["error"]
+        # The daemon goes on, nothing half-written is left, and the next create fits.
+        status, cps = d.json("GET", "/v1/checkpoints")
+        assert [c["id"] for c in cps] == ["v0"]
+        os.unlink(os.path.join(d.root, "big.bin"))
+        assert _create(d, "fits again")["id"] == "v1"
+        assert d.stop() == 0
+        with open_store(store) as s:
+            assert check(s, read_data=True).ok
+        log = [line for line in d.log().splitlines() if "ERROR" in line]
+        assert log == []
+    finally:
+        subprocess.run(["umount", "-l", store], check=False)
