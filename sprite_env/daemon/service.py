@@ -517,13 +517,16 @@ async def _finish_interrupted(daemon: Daemon) -> None:
 
 
 async def _start_view(nursery: trio.Nursery, daemon: Daemon) -> ViewOperations | None:
+    from sprite_env.fuse.merged import MergedSource
     from sprite_env.fuse.mount import serve
     from sprite_env.fuse.operations import ViewConfig
-    from sprite_env.fuse.source import StoreSource
+    from sprite_env.fuse.source import CheckpointSource, StoreSource
 
     with contextlib.suppress(OSError):  # exists (or is a stale mount: serve() detaches it)
         os.mkdir(daemon.config.mountpoint, 0o755)
-    source = StoreSource.from_engine(daemon.engine)
+    source: CheckpointSource = StoreSource.from_engine(daemon.engine)
+    if daemon.config.overlay is not None:  # each checkpoint as MERGED looked: base + layer
+        source = MergedSource(source, daemon.config.overlay.lower)
     view_config = ViewConfig(count=daemon.config.view_count)
 
     async def mounted(task_status: trio.TaskStatus[ViewOperations]) -> None:

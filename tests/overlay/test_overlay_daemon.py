@@ -216,3 +216,34 @@ def test_state_inside_merged_is_refused(overlay: Any, tmp_path: Any) -> None:
     p = run_cli("daemon", "--overlay", "a:b")
     assert p.returncode == 2
     assert "LOWER:UPPER:WORK:MERGED" in p.stderr
+
+
+def test_the_view_shows_each_checkpoint_merged_over_the_base(overlay_daemon: Any) -> None:
+    d, o = overlay_daemon, overlay_daemon.overlay
+    merged = o.merged
+    with open(os.path.join(o.lower, "big.bin"), "wb") as f:  # a base file over many spans
+        f.write(os.urandom(5 << 20))
+    os.unlink(os.path.join(merged, "etc", "hosts"))  # whiteout
+    subprocess.run(["rm", "-rf", os.path.join(merged, "usr", "lib", "pkg")], check=True)
+    os.makedirs(os.path.join(merged, "usr", "lib", "pkg"))  # opaque
+    _write(os.path.join(merged, "usr", "lib", "pkg", "new.py"), b"# new\n")
+    _write(os.path.join(merged, "app", "main.py"), b"print('v0')\n")
+    os.symlink("app/main.py", os.path.join(merged, "link"))
+    _create(d, "v0")
+    view = os.path.join(d.state, "checkpoints", "v0")
+    # The checkpoint, browsed, is MERGED as it was: same names, bytes and metadata.
+    trees.assert_trees_equal(merged, view, check_root_meta=False)
+    assert not os.path.exists(os.path.join(view, "etc", "hosts"))
+    assert os.listdir(os.path.join(view, "usr", "lib", "pkg")) == ["new.py"]
+    assert b"trusted.overlay.opaque" not in os.listxattr(os.path.join(view, "usr", "lib", "pkg"))
+    p = subprocess.run(["diff", "-r", merged, view], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    # After more changes the view still shows v0, and v1 shows the new state.
+    _write(os.path.join(merged, "app", "main.py"), b"print('v1')\n")
+    _write(os.path.join(merged, "etc", "hosts"), b"10.0.0.1 back\n")
+    _create(d, "v1")
+    with open(os.path.join(view, "app", "main.py"), "rb") as f:
+        assert f.read() == b"print('v0')\n"
+    trees.assert_trees_equal(
+        merged, os.path.join(d.state, "checkpoints", "v1"), check_root_meta=False
+    )
