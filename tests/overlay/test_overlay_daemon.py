@@ -16,6 +16,7 @@ from sprite_env.overlay.mount import _mounted_at
 from sprite_env.services import processes_using
 from tests.helpers import trees
 from tests.helpers.cli import run_cli
+from tests.helpers.daemon import start_daemon
 
 pytestmark = pytest.mark.integration
 
@@ -247,3 +248,35 @@ def test_the_view_shows_each_checkpoint_merged_over_the_base(overlay_daemon: Any
     trees.assert_trees_equal(
         merged, os.path.join(d.state, "checkpoints", "v1"), check_root_meta=False
     )
+
+
+def test_kill_mid_restore_on_an_overlay(overlay: Any, daemon_factory: Any, tmp_path: Any) -> None:
+    spec = f"{overlay.lower}:{overlay.upper}:{overlay.work}:{overlay.merged}"
+    state = str(tmp_path / "state")
+    d = daemon_factory(
+        "--overlay",
+        spec,
+        root=overlay.merged,
+        state=state,
+        env={"SPRITE_ENV_CRASH_AT": "restore-entry-written:20"},
+    )
+    for i in range(60):
+        _write(os.path.join(overlay.merged, "many", f"f{i:02}"), os.urandom(2000))
+    _create(d, "target")
+    merged_v0 = trees.snapshot_tree(overlay.merged)
+    subprocess.run(["rm", "-rf", os.path.join(overlay.merged, "many")], check=True)
+    _write(os.path.join(overlay.merged, "junk"), b"x")
+    d.stream("POST", "/v1/checkpoints/v0/restore")  # killed half-way, MERGED unmounted
+    d.proc.wait(60)
+    assert d.proc.returncode == -signal.SIGKILL
+    d.sweep_mount()
+    assert _mounted_at(overlay.merged) is None
+    d2 = start_daemon(overlay.merged, state, "--overlay", spec)
+    try:
+        assert _mounted_at(overlay.merged) == "overlay"
+        trees.assert_trees_equal(merged_v0, overlay.merged, check_root_meta=False)
+        status, log = d2.json("GET", "/v1/activity")
+        assert log[0]["actor"] == "daemon"
+        assert log[0]["detail"] == "finished after a crash"
+    finally:
+        assert d2.stop() == 0
