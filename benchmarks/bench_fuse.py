@@ -3,7 +3,9 @@
 Usage::
 
     python benchmarks/bench_fuse.py [--reps 3] [--mib 256] [--layer DIR] [--work DIR]
-                                    [--tools sprite-env,restic,borg,disk] [--out FILE]
+                                    [--tools sprite-env,restic,borg,disk]
+                                    [--workloads seq,random,diff] [--reuse]
+                                    [--baseline REV] [--freeze] [--out FILE]
 
 The same data is put in each tool once (untimed): a 256 MiB file (half random bytes, half
 text lines; ``--mib``) and a realistic developer layer (``benchmarks/layer.py``, profile
@@ -26,6 +28,12 @@ the same disk; borg with ``zstd,3`` and no encryption, restic with its defaults:
 ``diff -r``, a second on-disk copy against the live one). Wall time is around the reader
 process; "server CPU" is the mount process's user+sys time during the run (from
 ``/proc/PID/stat``), which ``RUSAGE_CHILDREN`` of the reader does not see.
+
+``--baseline REV`` also times sprite-env as committed at REV (``git archive`` into the work
+directory), as a tool of its own, so a change is measured against its parent in one run;
+``--freeze`` times a copy of the working tree taken at the start rather than the working
+tree itself (others may be editing it). ``--reuse`` keeps the data and repositories of the
+previous run when they hold the same data and every tool asked for.
 
 Output: markdown tables on stdout; JSON in ``benchmarks/results/fuse-<date>.json``.
 """
@@ -207,16 +215,22 @@ class Mount:
 
 
 class SpriteMount(Mount):
-    def __init__(self, mountpoint: str, data: str, store: str) -> None:
-        super().__init__("sprite-env", mountpoint)
+    def __init__(
+        self, mountpoint: str, data: str, store: str, name: str = "sprite-env", src: str = ""
+    ) -> None:
+        super().__init__(name, mountpoint)
         self.data, self.store = data, store
+        self.argv = [sys.executable, "-m", "sprite_env"]
+        # src: the copy of the package there (see --baseline), not the working tree's; run
+        # from there, as the command starts its server with "python -m sprite_env" too
+        self.cwd = src or REPO
+        if src:
+            self.env["PYTHONPATH"] = src
 
     def start(self) -> None:
         out = run(
             [
-                sys.executable,
-                "-m",
-                "sprite_env",
+                *self.argv,
                 "--root",
                 self.data,
                 "--store",
@@ -226,7 +240,8 @@ class SpriteMount(Mount):
                 "mount",
                 self.mountpoint,
             ],
-            cwd=REPO,
+            cwd=self.cwd,
+            env=self.env,
         )
         info = json.loads(out)
         self.pid = int(info["pid"])
@@ -234,7 +249,7 @@ class SpriteMount(Mount):
 
     def stop(self) -> None:
         if is_mountpoint(self.mountpoint):
-            run([sys.executable, "-m", "sprite_env", "checkpoints", "unmount", self.mountpoint])
+            run([*self.argv, "checkpoints", "unmount", self.mountpoint], cwd=self.cwd, env=self.env)
         if self.pid:  # not our child (it runs in its own session): wait for it to exit
             with contextlib.suppress(RuntimeError):
                 wait_for(lambda: not os.path.exists(f"/proc/{self.pid}"), "exit", 30)
@@ -338,8 +353,36 @@ def timed_tools(workload: str, mounts: list[Mount], live_layer: str, disk_copy: 
 # -- main ---------------------------------------------------------------------------------
 
 
+def frozen_copy(rev: str | None, dest: str) -> str:
+    """``sprite_env/`` as committed at ``rev`` (``git archive``), or as it is in the working
+    tree (``rev`` None), plus the extension built in the working tree, copied to ``dest``;
+    returns the directory to put on ``PYTHONPATH``. The working tree is shared: a copy is
+    not changed half-way through the run by someone's edit."""
+    subprocess.run(["rm", "-rf", dest], check=True)
+    os.makedirs(dest)
+    here = os.path.join(REPO, "sprite_env")
+    if rev is None:
+        ignore = shutil.ignore_patterns("__pycache__")
+        shutil.copytree(here, os.path.join(dest, "sprite_env"), ignore=ignore)
+        return dest
+    archive = subprocess.run(
+        ["git", "-C", REPO, "archive", rev, "sprite_env"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+    for name in os.listdir(here):
+        if name.endswith(".so"):  # the built chunker (not in git)
+            shutil.copy2(os.path.join(here, name), os.path.join(dest, "sprite_env"))
+    return dest
+
+
 def prepare_tools(
-    work: str, data: str, wanted: set[str], setup: dict[str, float], reuse: bool
+    work: str,
+    data: str,
+    wanted: set[str],
+    setup: dict[str, float],
+    reuse: bool,
+    baseline: str | None = None,
+    freeze: bool = False,
 ) -> list[Mount]:
     """Puts ``data`` in each tool (unless ``reuse``) and returns their mounts."""
     mounts: list[Mount] = []
@@ -350,7 +393,12 @@ def prepare_tools(
             argv = ["--root", data, "--store", store, "checkpoints", "create"]
             run([sys.executable, "-m", "sprite_env", *argv], cwd=REPO)
             setup["sprite-env checkpoint"] = time.perf_counter() - t
-        mounts.append(SpriteMount(os.path.join(work, "mnt-sprite"), data, store))
+        src = frozen_copy(None, os.path.join(work, "frozen")) if freeze else ""
+        mounts.append(SpriteMount(os.path.join(work, "mnt-sprite"), data, store, src=src))
+        if baseline:
+            src = frozen_copy(baseline, os.path.join(work, "baseline"))
+            mnt = os.path.join(work, "mnt-sprite-baseline")
+            mounts.append(SpriteMount(mnt, data, store, f"sprite-env {baseline}", src))
     if "restic" in wanted and shutil.which("restic"):
         repo, cache = os.path.join(work, "restic-repo"), os.path.join(work, "restic-cache")
         if not reuse:
@@ -397,6 +445,16 @@ def main() -> int:
     parser.add_argument(
         "--reuse", action="store_true", help="keep the data and repositories of the last run"
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also time sprite-env as committed at REV (a git revision), as its own tool",
+    )
+    parser.add_argument(
+        "--freeze",
+        action="store_true",
+        help="time a copy of the working tree's sprite_env taken at the start",
+    )
     parser.add_argument("--out", help="JSON path (default benchmarks/results/fuse-<date>.json)")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -412,7 +470,11 @@ def main() -> int:
     if args.reuse and os.path.exists(marker):
         with open(marker) as f:
             done = json.load(f)
-        reuse = done["want"] == want
+        # the same data, and every tool asked for was set up (a subset may be timed)
+        had = done["want"]
+        reuse = (had["mib"], had["layer"]) == (want["mib"], want["layer"]) and set(
+            args.tools.split(",")
+        ) <= set(had["tools"].split(","))
         setup = done["setup"]
     if not reuse:
         subprocess.run(["rm", "-rf", work], check=True)
@@ -422,7 +484,15 @@ def main() -> int:
         make_big_file(os.path.join(data, BIG), args.mib)
         run(["cp", "-a", source_layer, os.path.join(data, LAYER)])
         run(["cp", "-a", source_layer, os.path.join(disk_copy, LAYER)])
-    mounts = prepare_tools(work, data, set(args.tools.split(",")), setup, reuse)
+    mounts = prepare_tools(
+        work,
+        data,
+        set(args.tools.split(",")),
+        setup,
+        reuse,
+        baseline=args.baseline,
+        freeze=args.freeze,
+    )
     if not reuse:
         with open(marker, "w") as f:
             json.dump({"want": want, "setup": setup}, f)
@@ -500,7 +570,11 @@ def main() -> int:
         )
     for goal, value in goals.items():
         print(f"goal {goal}: {value:.2f}x")
+    head = subprocess.run(
+        ["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     payload = {
+        "sprite_env": {"head": head, "frozen": args.freeze, "baseline": args.baseline},
         "setup_s": setup,
         "layer": {"path": _shown_path(source_layer), "bytes": layer_bytes},
         "big_file_bytes": big_bytes,

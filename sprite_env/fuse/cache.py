@@ -138,6 +138,12 @@ class AsyncLru(Generic[K, V]):
                 out.update(await self.get_many([key], load))
         return out
 
+    def discard(self, key: K) -> None:
+        """Forgets a cached value (a load in flight is not affected)."""
+        value = self._items.pop(key, None)
+        if value is not None:
+            self._bytes -= self._size(value)
+
     def put(self, key: K, value: V) -> None:
         """Caches a value loaded some other way (it must be the value of ``key``)."""
         self._put(key, value)

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sprite_env.errors import CorruptPack, NotAStore, ObjectNotFound, StoreError, StoreLocked
+from sprite_env.ids import ObjectId, PackName
 from sprite_env.store import codec
-from sprite_env.store.catalog import Catalog, CommitHook, add_meta_counter, insert_pack
+from sprite_env.store.catalog import Catalog, CommitHook, Located, add_meta_counter, insert_pack
 from sprite_env.store.faults import crashpoint
 from sprite_env.store.pack import (
     TARGET_PACK_SIZE,
@@ -44,9 +45,7 @@ from sprite_env.store.pack import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
-    from sprite_env.ids import ObjectId, PackName
+    from collections.abc import Iterable, Iterator
 
 FORMAT = 1
 MARKER = "sprite-store.json"
@@ -54,6 +53,8 @@ _MAX_OPEN_PACKS = 64
 #: A batch of objects for one compression task: this many bytes, or objects.
 BATCH_BYTES = 1 << 20
 BATCH_OBJECTS = 64
+#: Ids per catalog query of :meth:`Store.locate_many` (SQLite allows 32,766 parameters).
+LOCATE_BATCH = 500
 
 
 @dataclass
@@ -243,6 +244,59 @@ class Store:
             if e.offset is not None or again is None or again == loc:
                 raise
             return self.read_entry(again.pack, again.entry, verify=verify)
+
+    def locate_many(self, oids: Iterable[ObjectId]) -> dict[ObjectId, Located]:
+        """Where each of ``oids`` lives, in one catalog query per ``LOCATE_BATCH`` ids.
+
+        A query per object costs ~10 us of Python and SQLite: locating the 3,570 objects
+        of a 256 MiB file took 0.08 s cold and 0.04 s warm one by one, 0.04 s and 0.012 s
+        this way (bench VM; cold, see also :meth:`_prefetch_catalog`).
+
+        Returns:
+            The location of each object the catalog has; a missing one is absent.
+
+        Raises:
+            StoreError: an object's row names a pack the catalog does not have.
+        """
+        ids = list(dict.fromkeys(oids))
+        if len(ids) == 1:  # a plain lookup is a little cheaper
+            loc = self.catalog.locate(ids[0])
+            return {} if loc is None else {ids[0]: loc}
+        self._prefetch_catalog(len(ids))
+        out: dict[ObjectId, Located] = {}
+        for i in range(0, len(ids), LOCATE_BATCH):
+            part = ids[i : i + LOCATE_BATCH]
+            rows = self.catalog.query(
+                "SELECT o.id, p.name, o.offset, o.stored_len, o.raw_len, o.kind, o.codec "
+                "FROM objects AS o LEFT JOIN packs AS p ON p.id = o.pack "
+                f"WHERE o.id IN ({','.join('?' * len(part))})",
+                part,
+            )
+            for raw_id, name, off, slen, rlen, kind, codec_ in rows:
+                oid = ObjectId(raw_id)
+                if name is None:
+                    raise StoreError(f"catalog: object {oid.hex()[:16]} is in no known pack")
+                out[oid] = Located(PackName(name), Entry(oid, off, slen, rlen, kind, codec_))
+        return out
+
+    def _prefetch_catalog(self, lookups: int) -> None:
+        """Asks the kernel to read the whole catalog ahead when ``lookups`` would touch
+        about as many of its pages one by one: ids are random, so each lookup of a cold
+        catalog is a 4 KiB read at a random place (the 3,570 objects of a 256 MiB file:
+        0.065-0.107 s in an 8 MB catalog, 0.024-0.042 s after this, bench VM)."""
+        if lookups < 256:  # not worth a system call
+            return
+        try:
+            fd = os.open(self.catalog.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            if os.fstat(fd).st_size <= lookups * 4096:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:  # a hint only
+            pass
+        finally:
+            os.close(fd)
 
     def read_entry(self, pack: PackName, entry: Entry, *, verify: bool = True) -> bytes:
         """Reads an object whose location is known (see :meth:`read`)."""

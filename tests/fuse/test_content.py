@@ -232,3 +232,35 @@ def test_small_files_open_when_their_checkpoint_is_deleted_stay_readable(
         stack.close()
         # the kernel sends RELEASE after close() returns
         wait_until(lambda: m.source.open_pack_fds == 0, what="the pins to go")  # type: ignore[attr-defined]
+
+
+def test_a_sequential_read_does_not_fill_the_shared_cache(
+    root: str, engine: Engine, mount: Callable[..., Mounted]
+) -> None:
+    """Read-ahead's objects are dropped once read (the kernel keeps the pages): a long
+    read leaves the cache to the other files, and nothing is decompressed twice."""
+    data = random.Random(12).randbytes(24 * MiB)
+    with open(os.path.join(root, "f"), "wb") as f:
+        f.write(data)
+    engine.create()
+    objects = _file_objects(engine, "v0", b"f")
+    with mount() as m:
+        assert _digest(m.path("v0", "f"), block=128 << 10) == blake3.blake3(data).hexdigest()
+        wait_until(lambda: m.call(lambda: m.ops.open_files) == 0, what="the release")
+        cached, misses = m.call(lambda: (m.ops.objects.bytes, m.ops.objects.misses))
+        assert misses <= len(objects)
+        assert cached <= 2 * MiB  # what open loaded (the first MiB) stays
+
+
+def test_objects_a_file_repeats_are_kept_for_their_next_use(
+    root: str, engine: Engine, mount: Callable[..., Mounted]
+) -> None:
+    block = random.Random(13).randbytes(3 * MiB)
+    with open(os.path.join(root, "f"), "wb") as f:
+        f.write(block * 8)
+    engine.create()
+    objects = _file_objects(engine, "v0", b"f")
+    assert len(objects) < 100  # the chunker found the repeats: most pieces share objects
+    with mount() as m:
+        assert _digest(m.path("v0", "f"), block=128 << 10) == blake3.blake3(block * 8).hexdigest()
+        assert m.call(lambda: m.ops.objects.misses) <= len(objects)
