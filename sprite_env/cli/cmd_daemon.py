@@ -31,6 +31,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--view-count", type=int, default=5, metavar="N", help="checkpoints shown in the view"
     )
+    p.add_argument(
+        "--view-auto", action="store_true", help="show automatic checkpoints in the view too"
+    )
     p.add_argument("--no-view", action="store_true", help="do not mount STATE/checkpoints")
     p.add_argument(
         "--overlay",

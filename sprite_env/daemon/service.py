@@ -64,6 +64,7 @@ class DaemonConfig:
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     view: bool = True
     view_count: int = 5
+    view_auto: bool = False
     limits: Limits = field(default_factory=Limits)
     excludes: list[str] | None = None
     overlay: Overlay | None = None
@@ -527,7 +528,7 @@ async def _start_view(nursery: trio.Nursery, daemon: Daemon) -> ViewOperations |
     source: CheckpointSource = StoreSource.from_engine(daemon.engine)
     if daemon.config.overlay is not None:  # each checkpoint as MERGED looked: base + layer
         source = MergedSource(source, daemon.config.overlay.lower)
-    view_config = ViewConfig(count=daemon.config.view_count)
+    view_config = ViewConfig(count=daemon.config.view_count, include_auto=daemon.config.view_auto)
 
     async def mounted(task_status: trio.TaskStatus[ViewOperations]) -> None:
         try:
@@ -587,6 +588,7 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         max_checkpoints=args.max_checkpoints,
         view=not args.no_view,
         view_count=args.view_count,
+        view_auto=args.view_auto,
         limits=Limits(request_timeout=args.request_timeout),
         excludes=args.exclude,
         overlay=overlay,

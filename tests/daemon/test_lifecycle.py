@@ -261,3 +261,15 @@ def test_a_full_disk_fails_the_create_and_loses_nothing(daemon_factory: Any, tmp
         assert log == []
     finally:
         subprocess.run(["umount", "-l", store], check=False)
+
+
+def test_the_view_count_and_automatic_checkpoints(daemon_factory: Any) -> None:
+    d = daemon_factory("--view-count", "2", "--view-auto")
+    mp = os.path.join(d.state, "checkpoints")
+    for i in range(3):
+        _write(d.root, "f", str(i).encode())
+        _create(d, f"c{i}")
+    assert sorted(os.listdir(mp)) == ["v1", "v2"]
+    status, evs = d.stream("POST", "/v1/checkpoints/v0/restore")
+    undo = evs[-1]["undo"]
+    assert sorted(os.listdir(mp)) == sorted([undo, "v2"])
