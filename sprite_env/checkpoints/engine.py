@@ -243,7 +243,7 @@ class Engine:
         pause: Pause | None = None,
     ) -> Checkpoint | None:
         check_comment(comment)
-        prewarmed = self._prewarm(progress) if pause is not None else 0
+        prewarmed = self.prewarm(progress) if pause is not None else 0
         cache = dircache.load(self.store.catalog)
         parent = self.registry.active()
         history: list[str] = []
@@ -285,10 +285,12 @@ class Engine:
             w.commit(commit)
         return cp
 
-    def _prewarm(self, progress: Progress | None) -> int:
+    def prewarm(self, progress: Progress | None = None) -> int:
         """A capture whose objects and files cache are kept but which makes no checkpoint:
-        the first of the two passes of a paused create (see ``Pause``). Returns the bytes
-        it stored."""
+        the first of the two passes of a paused create (see ``Pause``), and what a host
+        runs before taking its environment down for a restore, so that the undo
+        checkpoint taken while it is down reads only what changed since. Returns the
+        bytes it stored."""
         with self.store.writer() as w:
             r = capture(
                 self.root,
