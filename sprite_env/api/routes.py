@@ -141,10 +141,10 @@ class Router:
         if history is not None:
             _id(history)
         include_auto = _flag(req, "include_auto", "includeAuto")
-        return json_response(await self.daemon.checkpoints(include_auto, history))
+        return Response(200, await self.daemon.checkpoints_json(include_auto, history))
 
     async def info(self, req: Request, p: dict[str, str]) -> Answer:
-        return json_response(await self.daemon.info(_id(p["id"])))
+        return Response(200, await self.daemon.info_json(_id(p["id"])))
 
     async def create(self, req: Request, _: dict[str, str]) -> Answer:
         body = _body(req, {"comment": str, "auto": bool, "reason": str, "created_by": str})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import signal
@@ -37,6 +38,7 @@ from sprite_env.services import Supervisor
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable
 
     from sprite_env.api.events import Event
     from sprite_env.checkpoints.registry import Checkpoint
@@ -45,6 +47,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sprite_env.daemon")
 
+#: Encoded answers of reads kept until the next job ends (see ``checkpoints_json``).
+MAX_CACHED_ANSWERS = 256
 #: An ``{"auto": true}`` request is satisfied by an automatic checkpoint this recent.
 RECENT_AUTO_S = 600
 
@@ -107,6 +111,8 @@ class Daemon:
         self.view: ViewOperations | None = None
         self.started = events.now_rfc3339()
         self.jobs.on_finished.append(self._after_job)
+        self._answers: dict[tuple[object, ...], bytes] = {}
+        self._generation = 0
 
     # -- reads (concurrent with jobs: the catalog's readers see committed rows) ------------
 
@@ -127,19 +133,37 @@ class Daemon:
             "max_checkpoints": self.config.max_checkpoints,
         }
 
-    async def checkpoints(self, include_auto: bool, history: str | None) -> list[dict[str, Any]]:
-        def read() -> list[dict[str, Any]]:
+    async def checkpoints_json(self, include_auto: bool, history: str | None) -> bytes:
+        """``GET /v1/checkpoints``, encoded. Answers are cached until the next job ends:
+        only jobs change checkpoints, and a client polling in a loop then costs a lookup,
+        not a catalog query and a JSON encoding on a process the running job needs."""
+
+        def read() -> bytes:
             active = self.engine.active()
             cps = self.engine.checkpoints(include_auto=include_auto, history=history)
-            return [c.to_json(active=active) for c in cps]
+            return _encode([c.to_json(active=active) for c in cps])
 
-        return await trio.to_thread.run_sync(read)
+        return await self._cached(("list", include_auto, history), read)
 
-    async def info(self, cid: str) -> dict[str, Any]:
-        def read() -> dict[str, Any]:
-            return self.engine.info(cid).to_json(active=self.engine.active())
+    async def info_json(self, cid: str) -> bytes:
+        """``GET /v1/checkpoints/{id}``, encoded (cached like the list)."""
 
-        return await trio.to_thread.run_sync(read)
+        def read() -> bytes:
+            return _encode(self.engine.info(cid).to_json(active=self.engine.active()))
+
+        return await self._cached(("info", cid), read)
+
+    async def _cached(self, key: tuple[object, ...], read: Callable[[], bytes]) -> bytes:
+        hit = self._answers.get(key)
+        if hit is not None:
+            return hit
+        generation = self._generation
+        value = await trio.to_thread.run_sync(read)
+        if generation == self._generation:  # no job ended meanwhile: still true
+            if len(self._answers) >= MAX_CACHED_ANSWERS:
+                self._answers.clear()
+            self._answers[key] = value
+        return value
 
     async def diff(self, a: str, b: str | None, actor: str) -> dict[str, Any]:
         if b is not None:  # two checkpoints: only the store is read, no need to queue
@@ -371,6 +395,8 @@ class Daemon:
         await _finished(self.jobs.submit("auto", None, "scheduler", body))
 
     def _after_job(self, job: Job) -> None:
+        self._generation += 1
+        self._answers.clear()
         if self.view is not None and job.kind in ("create", "restore", "reset", "delete", "auto"):
             self.view.refresh()
 
@@ -385,6 +411,10 @@ def _wait_result(job: Job, key: str) -> dict[str, Any]:
         raise job.problem
     result: dict[str, Any] = job.result[key]
     return result
+
+
+def _encode(value: Any) -> bytes:
+    return json.dumps(value).encode() + b"\n"
 
 
 def _pause_json(r: FreezeReport) -> dict[str, Any]:
