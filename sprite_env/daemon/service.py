@@ -32,7 +32,7 @@ from sprite_env.daemon.jobs import Job, JobRunner
 from sprite_env.daemon.retention import RetentionPolicy, make_room, plan_retention
 from sprite_env.daemon.scheduler import run_scheduler
 from sprite_env.errors import SpriteError, UserError
-from sprite_env.overlay import Overlay
+from sprite_env.overlay import Overlay, freeze
 from sprite_env.overlay.freeze import FreezeReport
 from sprite_env.services import Supervisor
 
@@ -488,6 +488,8 @@ async def run(
                 env = Environment(supervisor, config.overlay)
                 activity = ActivityLog(os.path.join(state, "activity.jsonl"))
                 daemon = Daemon(config, engine, activity, env)
+                if config.overlay is not None:
+                    await trio.to_thread.run_sync(freeze.thaw_leftovers)
                 async with trio.open_nursery() as services:
                     await services.start(supervisor.run)
                     await _finish_interrupted(daemon)

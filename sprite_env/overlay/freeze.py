@@ -139,6 +139,30 @@ class _Group:
         log.error("could not remove %s", self.path)
 
 
+def thaw_leftovers() -> list[int]:
+    """Thaws the freezer cgroups a killed daemon left (``sprite-env-freeze-*``): their
+    processes would stay frozen forever. They go to the hierarchy's root cgroup (where
+    they came from is lost with the daemon). Returns their pids."""
+    thawed: list[int] = []
+    for kind, mount in _cgroup_mounts().items():
+        try:
+            names = [n for n in os.listdir(mount) if n.startswith("sprite-env-freeze-")]
+        except OSError:
+            continue
+        for name in names:
+            group = _Group(mount, v2=kind == "cgroup2", path=os.path.join(mount, name))
+            try:
+                with open(os.path.join(group.path, "cgroup.procs")) as f:
+                    pids = [int(line) for line in f if line.strip()]
+            except OSError:
+                pids = []
+            group.homes = dict.fromkeys(pids, "/")
+            log.warning("thawing %d processes a previous daemon left frozen", len(pids))
+            group.release()
+            thawed += pids
+    return thawed
+
+
 def available() -> str | None:
     """Which freezer this machine offers ("cgroup2", "freezer"), or None."""
     mounts = _cgroup_mounts()

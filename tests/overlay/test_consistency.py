@@ -114,3 +114,30 @@ def test_checkpoint_under_constant_writes(overlay_daemon: Any, tmp_path: Any) ->
         f"\npauses: {[round(p * 1000, 1) for p in pauses]} ms; writer's worst gap "
         f"{before['worst_gap_s'] * 1000:.1f} ms over {before['seq']} iterations"
     )
+
+
+def test_processes_a_killed_daemon_left_frozen_are_thawed_at_start(
+    overlay: Any, daemon_factory: Any, tmp_path: Any
+) -> None:
+    # What a daemon killed during a capture's second pass leaves: a frozen cgroup.
+    counter = tmp_path / "count"
+    proc = subprocess.Popen(
+        ["sh", "-c", f"i=0; while true; do i=$((i+1)); echo $i > {counter}; sleep 0.01; done"]
+    )
+    try:
+        ctx = freeze.frozen(lambda: [proc.pid])
+        ctx.__enter__()  # never left: as if the daemon died inside
+        before = counter.read_text()
+        time.sleep(0.3)
+        assert counter.read_text() == before  # frozen
+        spec = f"{overlay.lower}:{overlay.upper}:{overlay.work}:{overlay.merged}"
+        d = daemon_factory("--overlay", spec, root=overlay.merged, state=str(tmp_path / "state"))
+        time.sleep(0.3)
+        assert counter.read_text() != before  # running again
+        assert "thawing 1 processes a previous daemon left frozen" in d.log()
+        mounts = freeze._cgroup_mounts()
+        for mount in mounts.values():
+            assert not [n for n in os.listdir(mount) if n.startswith("sprite-env-freeze-")]
+    finally:
+        proc.kill()
+        proc.wait()
