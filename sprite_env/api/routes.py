@@ -15,6 +15,7 @@ from urllib.parse import unquote
 
 import trio
 
+from sprite_env.api.pacing import Pacer
 from sprite_env.api.problems import Problem
 from sprite_env.api.server import Request, Response, StreamResponse
 from sprite_env.checkpoints.registry import validate_id
@@ -84,6 +85,7 @@ class Router:
 
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
+        self.pacer = Pacer(lambda: daemon.jobs.running is not None)
         self.routes: list[tuple[re.Pattern[str], dict[str, Endpoint]]] = [
             (re.compile(r"/v1/status"), {"GET": self.status}),
             (re.compile(r"/v1/checkpoints"), {"GET": self.list}),
@@ -103,6 +105,7 @@ class Router:
         ]
 
     async def handle(self, req: Request) -> Answer:
+        await self.pacer.admit()
         path = req.path.rstrip("/") or "/"
         for pattern, methods in self.routes:
             m = pattern.fullmatch(path)
