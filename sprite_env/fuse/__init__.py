@@ -32,7 +32,6 @@ Invariants:
 from sprite_env.fuse.mount import (
     MountError,
     fuse_options,
-    mounts,
     prepare_mountpoint,
     serve,
     serve_until_signal,
@@ -40,6 +39,7 @@ from sprite_env.fuse.mount import (
 )
 from sprite_env.fuse.operations import ViewConfig, ViewOperations
 from sprite_env.fuse.source import CheckpointRef, CheckpointSource, ObjectReader, StoreSource
+from sprite_env.mountinfo import mounts
 
 __all__ = [
     "CheckpointRef",

@@ -26,7 +26,6 @@ import os
 import shutil
 import signal
 import subprocess
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyfuse3
@@ -34,6 +33,7 @@ import trio
 
 from sprite_env.errors import SpriteError, UserError
 from sprite_env.fuse.operations import ViewConfig, ViewOperations
+from sprite_env.mountinfo import mounts
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -61,42 +61,6 @@ def fuse_options(*, fsname: str = FSNAME, allow_other: bool | None = None) -> se
     if allow_other if allow_other is not None else os.geteuid() == 0:
         opts.add("allow_other")
     return opts
-
-
-@dataclass(frozen=True)
-class MountEntry:
-    """One line of ``/proc/self/mountinfo``."""
-
-    mountpoint: str
-    fstype: str
-    source: str
-    device: str  # "major:minor"; a FUSE mount's minor names its /sys/fs/fuse/connections/N
-
-
-def mounts() -> list[MountEntry]:
-    """The mounts this process sees."""
-    out = []
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-        for line in f:
-            left, _sep, right = line.partition(" - ")
-            fields, rest = left.split(), right.split()
-            if len(fields) < 5 or len(rest) < 2:
-                continue
-            out.append(MountEntry(_unescape(fields[4]), rest[0], rest[1], fields[2]))
-    return out
-
-
-def _unescape(path: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo
-    out, i = [], 0
-    while i < len(path):
-        if path[i] == "\\" and path[i + 1 : i + 4].isdigit():
-            out.append(chr(int(path[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(path[i])
-            i += 1
-    return "".join(out)
 
 
 def unmount(mountpoint: str, *, lazy: bool = False) -> None:

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sprite_env.mountinfo import mounts
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
@@ -39,15 +41,11 @@ class FreezeUnavailable(Exception):
 def _cgroup_mounts() -> dict[str, str]:
     """``{"cgroup2": path, "freezer": path}`` for the hierarchies that are mounted."""
     out: dict[str, str] = {}
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fstype, _src, opts = (right.split() + ["", "", ""])[:3]
-            mp = left.split()[4]
-            if fstype == "cgroup2":
-                out.setdefault("cgroup2", mp)
-            elif fstype == "cgroup" and "freezer" in opts.split(","):
-                out.setdefault("freezer", mp)
+    for m in mounts():
+        if m.fstype == "cgroup2":
+            out.setdefault("cgroup2", m.mountpoint)
+        elif m.fstype == "cgroup" and "freezer" in m.options:
+            out.setdefault("freezer", m.mountpoint)
     return out
 
 
@@ -167,16 +165,21 @@ def thaw_leftovers() -> list[int]:
     return thawed
 
 
+def _freezer() -> tuple[str, str] | None:
+    """The freezer this machine offers, ("cgroup2" or "freezer", its mount), or None."""
+    found = _cgroup_mounts()
+    v2 = found.get("cgroup2")
+    if v2 is not None and os.path.exists(os.path.join(v2, "cgroup.subtree_control")):
+        return "cgroup2", v2
+    if "freezer" in found:
+        return "freezer", found["freezer"]
+    return None
+
+
 def available() -> str | None:
     """Which freezer this machine offers ("cgroup2", "freezer"), or None."""
-    mounts = _cgroup_mounts()
-    if "cgroup2" in mounts and os.path.exists(
-        os.path.join(mounts["cgroup2"], "cgroup.subtree_control")
-    ):
-        return "cgroup2"
-    if "freezer" in mounts:
-        return "freezer"
-    return None
+    freezer = _freezer()
+    return freezer[0] if freezer else None
 
 
 @dataclass
@@ -197,11 +200,11 @@ def frozen(find: Callable[[], list[int]], report: FreezeReport | None = None) ->
         FreezeUnavailable: no cgroup freezer here (the caller decides whether to go on).
     """
     report = report if report is not None else FreezeReport()
-    kind = available()
-    if kind is None:
+    freezer = _freezer()
+    if freezer is None:
         raise FreezeUnavailable("no cgroup freezer is mounted")
-    mounts = _cgroup_mounts()
-    group = _Group(mounts[kind], v2=kind == "cgroup2")
+    kind, mount = freezer
+    group = _Group(mount, v2=kind == "cgroup2")
     group.create()
     t0 = time.monotonic()
     try:

@@ -15,6 +15,7 @@ import shutil
 from dataclasses import dataclass
 
 from sprite_env.errors import UserError
+from sprite_env.mountinfo import fstype_at
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 MNT_DETACH = 2
@@ -22,19 +23,6 @@ MNT_DETACH = 2
 
 class OverlayError(UserError):
     pass
-
-
-def _mounted_at(path: str) -> str | None:
-    """The file system type mounted exactly at ``path``, or None."""
-    path = os.path.realpath(path)
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-        found = None
-        for line in f:
-            fields = line.split()
-            mp = fields[4].encode().decode("unicode_escape")
-            if mp == path:
-                found = fields[fields.index("-") + 1]  # the last mount on a path wins
-        return found
 
 
 @dataclass(frozen=True)
@@ -77,7 +65,7 @@ class Overlay:
         )
 
     def is_mounted(self) -> bool:
-        return _mounted_at(self.merged) == "overlay"
+        return fstype_at(self.merged) == "overlay"
 
     def mount(self) -> None:
         if self.is_mounted():

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from sprite_env.fuse.mount import mounts
+from sprite_env.mountinfo import mounts
 from sprite_env.store import check, open_store
 from tests.helpers import trees
 from tests.helpers.cli import REPO

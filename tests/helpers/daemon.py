@@ -14,7 +14,8 @@ import sys
 import time
 from typing import Any
 
-from sprite_env.fuse.mount import mounts, unmount
+from sprite_env.fuse.mount import unmount
+from sprite_env.mountinfo import mounts
 from tests.helpers.cli import REPO
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sprite_env.overlay.mount import _mounted_at
+from sprite_env.mountinfo import fstype_at
 from sprite_env.services import processes_using
 from tests.helpers import trees
 from tests.helpers.cli import run_cli
@@ -80,7 +80,7 @@ def _wait_running(d: Any, name: str) -> dict[str, Any]:
 
 def test_whiteouts_and_opaque_dirs_round_trip(overlay_daemon: Any) -> None:
     d, o = overlay_daemon, overlay_daemon.overlay
-    assert _mounted_at(o.merged) == "overlay"
+    assert fstype_at(o.merged) == "overlay"
     merged = o.merged
     os.unlink(os.path.join(merged, "etc", "hosts"))  # a whiteout in UPPER
     subprocess.run(["rm", "-rf", os.path.join(merged, "usr", "lib", "pkg")], check=True)
@@ -109,7 +109,7 @@ def test_whiteouts_and_opaque_dirs_round_trip(overlay_daemon: Any) -> None:
         "Restoring filesystem...",
     ]
     assert infos[-1] == "Services started"
-    assert _mounted_at(o.merged) == "overlay"
+    assert fstype_at(o.merged) == "overlay"
     trees.assert_trees_equal(upper_v0, _upper(o.upper), check_root_meta=False)
     trees.assert_trees_equal(merged_v0, merged, check_root_meta=False)
     assert sorted(os.listdir(os.path.join(merged, "usr", "lib", "pkg"))) == ["new.py"]
@@ -270,10 +270,10 @@ def test_kill_mid_restore_on_an_overlay(overlay: Any, daemon_factory: Any, tmp_p
     d.proc.wait(60)
     assert d.proc.returncode == -signal.SIGKILL
     d.sweep_mount()
-    assert _mounted_at(overlay.merged) is None
+    assert fstype_at(overlay.merged) is None
     d2 = start_daemon(overlay.merged, state, "--overlay", spec)
     try:
-        assert _mounted_at(overlay.merged) == "overlay"
+        assert fstype_at(overlay.merged) == "overlay"
         trees.assert_trees_equal(merged_v0, overlay.merged, check_root_meta=False)
         status, log = d2.json("GET", "/v1/activity")
         assert log[0]["actor"] == "daemon"
