@@ -20,6 +20,7 @@ from sprite_env.api.problems import Problem
 from sprite_env.api.server import Request, Response, StreamResponse
 from sprite_env.checkpoints.registry import validate_id
 from sprite_env.daemon.activity import clean_actor
+from sprite_env.errors import UserError
 from sprite_env.services import validate_name
 
 if TYPE_CHECKING:
@@ -125,12 +126,10 @@ class Router:
         )
 
     def _actor(self, req: Request, body: dict[str, Any] | None = None) -> str:
+        named = (body or {}).get("created_by") or req.headers.get("x-sprite-actor")
         try:
-            named = (body or {}).get("created_by") or req.headers.get("x-sprite-actor")
             return clean_actor(named, "api")
-        except ValueError as e:
-            raise Problem("invalid_actor", str(e)) from None
-        except Exception as e:  # UserError from clean_actor
+        except UserError as e:
             raise Problem("invalid_actor", str(e)) from None
 
     # -- endpoints -------------------------------------------------------------------------

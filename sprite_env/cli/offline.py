@@ -87,32 +87,21 @@ def list_(args: argparse.Namespace) -> int:
             c.to_json(active=e.active())
             for c in e.checkpoints(include_auto=args.include_auto, history=args.history)
         ]
-    if args.json:
-        render.print_json(rows)
-    elif rows:
-        print(render.checkpoint_table(rows))
-    else:
-        print("no checkpoints yet (sprite-env checkpoints create --comment ...)")
+    render.show_checkpoints(rows, as_json=args.json)
     return 0
 
 
 def info(args: argparse.Namespace) -> int:
     with _engine(args) as e:
         c = e.info(args.id).to_json(active=e.active())
-    if args.json:
-        render.print_json(c)
-    else:
-        print("\n".join(render.checkpoint_info(c)))
+    render.show_checkpoint(c, as_json=args.json)
     return 0
 
 
 def delete(args: argparse.Namespace) -> int:
     with _engine(args) as e:
         rep = e.delete(args.id).to_json()
-    if args.json:
-        render.print_json(rep)
-    else:
-        print(render.delete_line(rep))
+    render.show_deleted(rep, as_json=args.json)
     return 0
 
 

@@ -72,30 +72,17 @@ def create(args: argparse.Namespace) -> int:
 
 def list_(args: argparse.Namespace) -> int:
     rows = client(args).list(include_auto=args.include_auto, history=args.history)
-    if args.json:
-        render.print_json(rows)
-    elif rows:
-        print(render.checkpoint_table(rows))
-    else:
-        print("no checkpoints yet (sprite-env checkpoints create --comment ...)")
+    render.show_checkpoints(rows, as_json=args.json)
     return 0
 
 
 def info(args: argparse.Namespace) -> int:
-    c = client(args).info(args.id)
-    if args.json:
-        render.print_json(c)
-    else:
-        print("\n".join(render.checkpoint_info(c)))
+    render.show_checkpoint(client(args).info(args.id), as_json=args.json)
     return 0
 
 
 def delete(args: argparse.Namespace) -> int:
-    rep = client(args).delete(args.id)
-    if args.json:
-        render.print_json(rep)
-    else:
-        print(render.delete_line(rep))
+    render.show_deleted(client(args).delete(args.id), as_json=args.json)
     return 0
 
 

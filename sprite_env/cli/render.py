@@ -79,6 +79,32 @@ def checkpoint_table(rows: Sequence[dict[str, Any]]) -> str:
     )
 
 
+def show_checkpoints(rows: Sequence[dict[str, Any]], *, as_json: bool) -> None:
+    """What ``checkpoints list`` prints (online and offline alike)."""
+    if as_json:
+        print_json(list(rows))
+    elif rows:
+        print(checkpoint_table(rows))
+    else:
+        print("no checkpoints yet (sprite-env checkpoints create --comment ...)")
+
+
+def show_checkpoint(c: dict[str, Any], *, as_json: bool) -> None:
+    """What ``checkpoints info`` prints."""
+    if as_json:
+        print_json(c)
+    else:
+        print("\n".join(checkpoint_info(c)))
+
+
+def show_deleted(rep: dict[str, Any], *, as_json: bool) -> None:
+    """What ``checkpoints delete`` prints."""
+    if as_json:
+        print_json(rep)
+    else:
+        print(delete_line(rep))
+
+
 def checkpoint_info(c: dict[str, Any]) -> Iterator[str]:
     """The ``checkpoints info`` lines."""
     flags = (" (auto)" if c.get("is_auto") else "") + (" (active)" if c["is_active"] else "")

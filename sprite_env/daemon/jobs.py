@@ -82,6 +82,12 @@ class Job:
         self._changed.set()
         self._changed = trio.Event()
 
+    def fail(self, problem: Problem) -> None:
+        """Ends the job's stream with ``problem`` (its last event)."""
+        self.state = "failed"
+        self.problem = problem
+        self.emit(events.error(self.id, problem.message, problem.code))
+
     def info(self, text: str) -> None:
         self.emit(events.info(self.id, text))
 
@@ -189,18 +195,15 @@ class JobRunner:
             job.result = final
             job.emit(final)
         except trio.Cancelled:
-            job.state = "failed"
-            job.problem = Problem("stopping", "the daemon stopped before this job ended")
-            job.emit(events.error(job.id, job.problem.message, job.problem.code))
+            job.fail(Problem("stopping", "the daemon stopped before this job ended"))
             raise
         except Exception as e:
-            job.problem = problem_for(e)
-            if job.problem.code == "internal":
+            problem = problem_for(e)
+            if problem.code == "internal":
                 log.exception("job %d (%s) failed", job.id, job.describe())
             else:
-                log.warning("job %d (%s) failed: %s", job.id, job.describe(), job.problem.message)
-            job.state = "failed"
-            job.emit(events.error(job.id, job.problem.message, job.problem.code))
+                log.warning("job %d (%s) failed: %s", job.id, job.describe(), problem.message)
+            job.fail(problem)
         finally:
             self.running = None
             job.done.set()
@@ -218,7 +221,5 @@ class JobRunner:
                 job, _body = self._receive.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
-            job.state = "failed"
-            job.problem = Problem("stopping", "the daemon stopped before this job ran")
-            job.emit(events.error(job.id, job.problem.message, job.problem.code))
+            job.fail(Problem("stopping", "the daemon stopped before this job ran"))
             job.done.set()

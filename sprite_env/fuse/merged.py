@@ -166,6 +166,10 @@ class MergedSource:
                         out[name] = entry
         return list(out.values())
 
+    @staticmethod
+    def _child(parent_rel: bytes, name: bytes) -> bytes:
+        return (b"" if parent_rel == b"/" else parent_rel) + b"/" + name
+
     def _lower_path(self, rel: bytes) -> bytes:
         return self.lower if rel == b"/" else self.lower + rel
 
@@ -173,7 +177,7 @@ class MergedSource:
         """``parent_rel/name`` if LOWER has a directory there, else b""."""
         if not parent_rel:
             return b""
-        rel = (b"" if parent_rel == b"/" else parent_rel) + b"/" + name
+        rel = self._child(parent_rel, name)
         try:
             return rel if stat.S_ISDIR(os.lstat(self._lower_path(rel)).st_mode) else b""
         except OSError:
@@ -186,7 +190,7 @@ class MergedSource:
             return []
 
     def _lower_entry(self, parent_rel: bytes, name: bytes) -> TreeEntry | None:
-        rel = (b"" if parent_rel == b"/" else parent_rel) + b"/" + name
+        rel = self._child(parent_rel, name)
         path = self._lower_path(rel)
         try:
             st = os.lstat(path)
