@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.cli import REPO
+from tests.helpers.daemon import write_file
 
 pytestmark = pytest.mark.integration
 
@@ -60,16 +61,10 @@ def test_llm_txt_shows_every_command() -> None:
         assert endpoint in curls, endpoint
 
 
-def _write(path: str, data: bytes) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
-
-
 def test_every_command_in_llm_txt_runs(daemon: Any, tmp_path: Any) -> None:
     root, state = daemon.root, daemon.state
     hosts = os.path.join(root, "etc", "hosts")
-    _write(hosts, b"127.0.0.1 localhost\n")
+    write_file(hosts, b"127.0.0.1 localhost\n")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     wrapper = bin_dir / "sprite-env"
@@ -83,9 +78,9 @@ def test_every_command_in_llm_txt_runs(daemon: Any, tmp_path: Any) -> None:
     }
     # Layer changes between commands, so that each one has something to show.
     before = {
-        "sprite-env --as my-agent checkpoints create": lambda: _write(hosts, b"10.0.0.1 db\n"),
-        "sprite-env checkpoints diff v0": lambda: _write(os.path.join(root, "new.txt"), b"n"),
-        "sprite-env services list": lambda: _write(
+        "sprite-env --as my-agent checkpoints create": lambda: write_file(hosts, b"10.0.0.1 db\n"),
+        "sprite-env checkpoints diff v0": lambda: write_file(os.path.join(root, "new.txt"), b"n"),
+        "sprite-env services list": lambda: write_file(
             os.path.join(root, "etc", "sprite", "services", "web.toml"),
             b'command = "while true; do echo up; sleep 1; done"\n',
         ),

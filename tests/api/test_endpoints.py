@@ -12,26 +12,13 @@ from typing import Any
 import pytest
 
 from tests.helpers import trees
+from tests.helpers.daemon import write_file
 
 pytestmark = pytest.mark.integration
 
 
-def _write(root: str, rel: str, data: bytes) -> None:
-    path = os.path.join(root, rel)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
-
-
-def _create(d: Any, comment: str = "", **body: Any) -> dict[str, Any]:
-    status, evs = d.stream("POST", "/v1/checkpoint", {"comment": comment, **body})
-    assert status == 200, evs
-    assert evs[-1]["type"] == "complete", evs
-    return evs[-1]  # type: ignore[no-any-return]
-
-
 def test_create_streams_events_and_lists(daemon: Any) -> None:
-    _write(daemon.root, "etc/hosts", b"127.0.0.1 localhost\n")
+    write_file(os.path.join(daemon.root, "etc/hosts"), b"127.0.0.1 localhost\n")
     status, headers, raw = daemon.request(
         "POST", "/v1/checkpoint", {"comment": "first"}, headers={"X-Sprite-Actor": "my-agent"}
     )
@@ -63,8 +50,8 @@ def test_create_streams_events_and_lists(daemon: Any) -> None:
     assert status == 200
     assert info == c
 
-    _write(daemon.root, "b.txt", b"b")
-    assert _create(daemon, "second")["id"] == "v1"
+    write_file(os.path.join(daemon.root, "b.txt"), b"b")
+    assert daemon.create("second")["id"] == "v1"
     status, cps = daemon.json("GET", "/v1/checkpoints")
     assert [c["id"] for c in cps] == ["v1", "v0"]  # newest first
     assert cps[0]["history"] == ["v0"]
@@ -77,8 +64,8 @@ def test_restore_answers_202_streams_and_restores(daemon: Any) -> None:
     spec = trees.sample_spec()
     trees.build_tree(daemon.root, spec)
     before = trees.snapshot_tree(daemon.root)
-    _create(daemon, "good")
-    _write(daemon.root, "junk/new.txt", b"oops")
+    daemon.create("good")
+    write_file(os.path.join(daemon.root, "junk/new.txt"), b"oops")
     os.unlink(os.path.join(daemon.root, "big.bin")) if os.path.exists(
         os.path.join(daemon.root, "big.bin")
     ) else None
@@ -110,10 +97,10 @@ def test_restore_answers_202_streams_and_restores(daemon: Any) -> None:
 
 
 def test_diff_against_live_and_between_checkpoints(daemon: Any) -> None:
-    _write(daemon.root, "a.txt", b"one")
-    _create(daemon)
-    _write(daemon.root, "a.txt", b"two!")
-    _write(daemon.root, "new.txt", b"n")
+    write_file(os.path.join(daemon.root, "a.txt"), b"one")
+    daemon.create()
+    write_file(os.path.join(daemon.root, "a.txt"), b"two!")
+    write_file(os.path.join(daemon.root, "new.txt"), b"n")
     status, live = daemon.json("GET", "/v1/checkpoints/v0/diff")
     assert status == 200
     assert live["from"] == "v0"
@@ -122,7 +109,7 @@ def test_diff_against_live_and_between_checkpoints(daemon: Any) -> None:
         ("a.txt", "modified"),
         ("new.txt", "added"),
     }
-    _create(daemon)
+    daemon.create()
     status, between = daemon.json("GET", "/v1/checkpoints/v0/diff?against=v1")
     assert {(c["path"], c["change"]) for c in between["changes"]} == {
         (c["path"], c["change"]) for c in live["changes"]
@@ -131,10 +118,10 @@ def test_diff_against_live_and_between_checkpoints(daemon: Any) -> None:
 
 
 def test_delete_frees_and_refuses_the_active_one(daemon: Any) -> None:
-    _write(daemon.root, "a.bin", os.urandom(200_000))
-    _create(daemon)
-    _write(daemon.root, "a.bin", os.urandom(200_000))
-    _create(daemon)
+    write_file(os.path.join(daemon.root, "a.bin"), os.urandom(200_000))
+    daemon.create()
+    write_file(os.path.join(daemon.root, "a.bin"), os.urandom(200_000))
+    daemon.create()
     status, err = daemon.json("DELETE", "/v1/checkpoints/v1")
     assert (status, err["code"], err["status"]) == (409, "active_checkpoint", 409)
     assert "cannot delete active checkpoint" in err["message"]
@@ -145,12 +132,12 @@ def test_delete_frees_and_refuses_the_active_one(daemon: Any) -> None:
     status, err = daemon.json("DELETE", "/v1/checkpoints/v0")
     assert (status, err["code"]) == (404, "not_found")
     # Ids are never reused.
-    assert _create(daemon)["id"] == "v2"
+    assert daemon.create()["id"] == "v2"
 
 
 def test_jobs_queue_one_at_a_time_and_survive_a_client_that_leaves(daemon: Any) -> None:
     for i in range(300):
-        _write(daemon.root, f"d{i % 10}/f{i}", os.urandom(20_000))
+        write_file(os.path.join(daemon.root, f"d{i % 10}/f{i}"), os.urandom(20_000))
     # A client sends a create, reads one line and hangs up.
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(daemon.socket)
@@ -179,11 +166,11 @@ def test_jobs_queue_one_at_a_time_and_survive_a_client_that_leaves(daemon: Any) 
 
 
 def test_auto_checkpoint_on_request_unless_a_recent_one(daemon: Any) -> None:
-    _write(daemon.root, "a", b"a")
-    first = _create(daemon, auto=True, reason="before claude session")
+    write_file(os.path.join(daemon.root, "a"), b"a")
+    first = daemon.create(auto=True, reason="before claude session")
     assert first["id"].startswith("auto-")
     assert first["checkpoint"]["comment"] == "before claude session"
-    again = _create(daemon, auto=True, reason="before another session")
+    again = daemon.create(auto=True, reason="before another session")
     assert again["skipped"] is True
     assert again["id"] == first["id"]
     status, cps = daemon.json("GET", "/v1/checkpoints")
@@ -195,8 +182,8 @@ def test_auto_checkpoint_on_request_unless_a_recent_one(daemon: Any) -> None:
 def test_quota_refuses_manual_and_prunes_auto(daemon_factory: Any) -> None:
     d = daemon_factory("--max-checkpoints", "3")
     for i in range(3):
-        _write(d.root, "f", str(i).encode())
-        _create(d, f"c{i}")
+        write_file(os.path.join(d.root, "f"), str(i).encode())
+        d.create(f"c{i}")
     status, err = d.json("POST", "/v1/checkpoint", {"comment": "one too many"})
     assert (status, err["code"]) == (409, "quota_exceeded")
     assert "quota of 3 checkpoints" in err["message"]
@@ -212,7 +199,7 @@ def test_quota_refuses_manual_and_prunes_auto(daemon_factory: Any) -> None:
     status, evs = d.stream("POST", "/v1/checkpoints/v0/restore")
     assert evs[-1]["type"] == "complete"
     undo1 = evs[-1]["undo"]
-    _write(d.root, "f", b"changed")
+    write_file(os.path.join(d.root, "f"), b"changed")
     status, evs = d.stream("POST", "/v1/checkpoints/v2/restore")
     assert evs[-1]["type"] == "complete", evs
     status, cps = d.json("GET", "/v1/checkpoints?include_auto=true")
@@ -226,10 +213,10 @@ def test_quota_refuses_manual_and_prunes_auto(daemon_factory: Any) -> None:
 
 
 def test_activity_log_names_who(daemon: Any) -> None:
-    _write(daemon.root, "a", b"a")
+    write_file(os.path.join(daemon.root, "a"), b"a")
     daemon.request("POST", "/v1/checkpoint", {"comment": "x"}, headers={"X-Sprite-Actor": "claude"})
-    _write(daemon.root, "a", b"b")
-    _create(daemon, "y", created_by="cursor")
+    write_file(os.path.join(daemon.root, "a"), b"b")
+    daemon.create("y", created_by="cursor")
     daemon.request("POST", "/v1/checkpoints/v0/restore")
     daemon.request("DELETE", "/v1/checkpoints/v1")
     status, log = daemon.json("GET", "/v1/activity")
@@ -275,10 +262,10 @@ def test_status(daemon: Any) -> None:
 
 def test_twenty_clients_list_while_a_create_runs(daemon: Any) -> None:
     for i in range(2000):
-        _write(daemon.root, f"d{i % 40}/f{i}", os.urandom(4096))
-    _create(daemon, "base")
+        write_file(os.path.join(daemon.root, f"d{i % 40}/f{i}"), os.urandom(4096))
+    daemon.create("base")
     for i in range(0, 2000, 3):
-        _write(daemon.root, f"d{i % 40}/f{i}", os.urandom(4096))
+        write_file(os.path.join(daemon.root, f"d{i % 40}/f{i}"), os.urandom(4096))
     latencies: list[float] = []
     errors: list[str] = []
     done = threading.Event()
@@ -295,7 +282,7 @@ def test_twenty_clients_list_while_a_create_runs(daemon: Any) -> None:
     for t in threads:
         t.start()
     try:
-        last = _create(daemon, "under load")
+        last = daemon.create("under load")
     finally:
         done.set()
         for t in threads:

@@ -17,22 +17,9 @@ from sprite_env.mountinfo import mounts
 from sprite_env.store import check, open_store
 from tests.helpers import trees
 from tests.helpers.cli import REPO
-from tests.helpers.daemon import start_daemon
+from tests.helpers.daemon import start_daemon, write_file
 
 pytestmark = pytest.mark.integration
-
-
-def _write(root: str, rel: str, data: bytes) -> None:
-    path = os.path.join(root, rel)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
-
-
-def _create(d: Any, comment: str = "") -> dict[str, Any]:
-    status, evs = d.stream("POST", "/v1/checkpoint", {"comment": comment})
-    assert evs[-1]["type"] == "complete", evs
-    return evs[-1]  # type: ignore[no-any-return]
 
 
 def test_start_installs_socket_0600_and_llm_txt(daemon: Any) -> None:
@@ -114,9 +101,9 @@ def test_sigterm_stops_cleanly_and_unmounts(daemon: Any) -> None:
 
 def test_sigint_at_rest_and_shutdown_checkpoint(daemon_factory: Any) -> None:
     d = daemon_factory("--auto-interval", "60")
-    _write(d.root, "a", b"1")
-    _create(d, "v0")
-    _write(d.root, "a", b"2")  # changed since: a clean shutdown keeps it
+    write_file(os.path.join(d.root, "a"), b"1")
+    d.create("v0")
+    write_file(os.path.join(d.root, "a"), b"2")  # changed since: a clean shutdown keeps it
     assert d.stop(signal.SIGINT) == 0
     d2 = start_daemon(d.root, d.state)
     try:
@@ -128,13 +115,13 @@ def test_sigint_at_rest_and_shutdown_checkpoint(daemon_factory: Any) -> None:
 
 
 def test_the_view_follows_creates_and_deletes(daemon: Any) -> None:
-    _write(daemon.root, "etc/hosts", b"127.0.0.1 localhost\n")
-    _create(daemon)
+    write_file(os.path.join(daemon.root, "etc/hosts"), b"127.0.0.1 localhost\n")
+    daemon.create()
     mp = os.path.join(daemon.state, "checkpoints")
     with open(os.path.join(mp, "v0", "etc", "hosts"), "rb") as f:
         assert f.read() == b"127.0.0.1 localhost\n"
-    _write(daemon.root, "etc/hosts", b"changed\n")
-    _create(daemon)
+    write_file(os.path.join(daemon.root, "etc/hosts"), b"changed\n")
+    daemon.create()
     assert sorted(os.listdir(mp)) == ["v0", "v1"]
     p = subprocess.run(
         ["diff", os.path.join(mp, "v0/etc/hosts"), os.path.join(daemon.root, "etc/hosts")],
@@ -154,9 +141,9 @@ def test_state_inside_the_root_is_never_captured(daemon_factory: Any, tmp_path: 
     trees.build_tree(root, trees.sample_spec())
     d = daemon_factory(root=root, state=os.path.join(root, ".sprite"))
     before = trees.snapshot_tree(root, ignore=[".sprite"])
-    _create(d, "with state inside")
+    d.create("with state inside")
     status, cps = d.json("GET", "/v1/checkpoints")
-    _write(root, "junk", b"x")
+    write_file(os.path.join(root, "junk"), b"x")
     status, evs = d.stream("POST", "/v1/checkpoints/v0/restore")
     assert evs[-1]["type"] == "complete", evs
     trees.assert_trees_equal(before, trees.snapshot_tree(root, ignore=[".sprite"]))
@@ -171,10 +158,10 @@ def test_kill_mid_restore_is_finished_at_the_next_start(daemon_factory: Any) -> 
         spec[f"many/f{i:03}".encode()] = trees.File(os.urandom(3000), mtime_ns=10**18 + i)
     trees.build_tree(d.root, spec)
     target = trees.snapshot_tree(d.root)
-    _create(d, "target")
+    d.create("target")
     for i in range(120):
         os.unlink(os.path.join(d.root, f"many/f{i:03}"))
-    _write(d.root, "junk/x", b"x")
+    write_file(os.path.join(d.root, "junk/x"), b"x")
     status, evs = d.stream("POST", "/v1/checkpoints/v0/restore")  # killed in the middle
     assert all(e["type"] != "complete" for e in evs)
     d.proc.wait(60)
@@ -195,7 +182,7 @@ def test_kill_mid_restore_is_finished_at_the_next_start(daemon_factory: Any) -> 
 
 def test_scheduler_takes_auto_checkpoints_when_the_layer_changed(daemon_factory: Any) -> None:
     d = daemon_factory("--auto-interval", "0.01")  # 0.6 s
-    _write(d.root, "a", b"1")
+    write_file(os.path.join(d.root, "a"), b"1")
     deadline = time.monotonic() + 30
     autos: list[Any] = []
     while time.monotonic() < deadline and not autos:
@@ -205,7 +192,7 @@ def test_scheduler_takes_auto_checkpoints_when_the_layer_changed(daemon_factory:
     assert autos[0]["created_by"] == "scheduler"
     time.sleep(2.0)  # unchanged: no more
     assert len(d.json("GET", "/v1/checkpoints?include_auto=true")[1]) == 1
-    _write(d.root, "a", b"2")
+    write_file(os.path.join(d.root, "a"), b"2")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and len(autos) < 2:
         time.sleep(0.2)
@@ -219,8 +206,8 @@ def test_scheduler_takes_auto_checkpoints_when_the_layer_changed(daemon_factory:
 
 def test_a_stale_view_of_a_killed_daemon_is_cleaned_at_start(daemon_factory: Any) -> None:
     d = daemon_factory()
-    _write(d.root, "a", b"a")
-    _create(d)
+    write_file(os.path.join(d.root, "a"), b"a")
+    d.create()
     mp = os.path.join(d.state, "checkpoints")
     d.kill()
     with pytest.raises(OSError, match="not connected"):  # the mount outlived its server
@@ -242,9 +229,9 @@ def test_a_full_disk_fails_the_create_and_loses_nothing(daemon_factory: Any, tmp
         pytest.skip("cannot mount a tmpfs here")
     try:
         d = daemon_factory("--store", store)
-        _write(d.root, "small.txt", b"small")
-        _create(d, "fits")
-        _write(d.root, "big.bin", os.urandom(8 << 20))
+        write_file(os.path.join(d.root, "small.txt"), b"small")
+        d.create("fits")
+        write_file(os.path.join(d.root, "big.bin"), os.urandom(8 << 20))
         status, evs = d.stream("POST", "/v1/checkpoint", {"comment": "too big"})
         assert evs[-1]["type"] == "error", evs
         assert evs[-1]["code"] == "no_space"
@@ -253,7 +240,7 @@ def test_a_full_disk_fails_the_create_and_loses_nothing(daemon_factory: Any, tmp
         status, cps = d.json("GET", "/v1/checkpoints")
         assert [c["id"] for c in cps] == ["v0"]
         os.unlink(os.path.join(d.root, "big.bin"))
-        assert _create(d, "fits again")["id"] == "v1"
+        assert d.create("fits again")["id"] == "v1"
         assert d.stop() == 0
         with open_store(store) as s:
             assert check(s, read_data=True).ok
@@ -267,8 +254,8 @@ def test_the_view_count_and_automatic_checkpoints(daemon_factory: Any) -> None:
     d = daemon_factory("--view-count", "2", "--view-auto")
     mp = os.path.join(d.state, "checkpoints")
     for i in range(3):
-        _write(d.root, "f", str(i).encode())
-        _create(d, f"c{i}")
+        write_file(os.path.join(d.root, "f"), str(i).encode())
+        d.create(f"c{i}")
     assert sorted(os.listdir(mp)) == ["v1", "v2"]
     status, evs = d.stream("POST", "/v1/checkpoints/v0/restore")
     undo = evs[-1]["undo"]

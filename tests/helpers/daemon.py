@@ -8,26 +8,15 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from typing import Any
 
+from sprite_env.client import UnixHTTPConnection
 from sprite_env.fuse.mount import unmount
 from sprite_env.mountinfo import mounts
 from tests.helpers.cli import REPO
-
-
-class UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float = 60.0) -> None:
-        super().__init__("sprite", timeout=timeout)
-        self.unix_path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.unix_path)
 
 
 class DaemonProcess:
@@ -138,6 +127,13 @@ class DaemonProcess:
         status, _, data = self.request(method, path, body, **kw)
         return status, json.loads(data)
 
+    def create(self, comment: str = "", **body: Any) -> dict[str, Any]:
+        """``POST /v1/checkpoint``; asserts it completed and returns its last event."""
+        status, evs = self.stream("POST", "/v1/checkpoint", {"comment": comment, **body})
+        assert status == 200, evs
+        assert evs[-1]["type"] == "complete", evs
+        return evs[-1]
+
     def stream(self, method: str, path: str, body: Any = None) -> tuple[int, list[dict[str, Any]]]:
         """Sends a request whose answer is NDJSON; returns the status and every event."""
         status, _, data = self.request(method, path, body)
@@ -150,6 +146,13 @@ class DaemonProcess:
             text=True,
             timeout=300,
         )
+
+
+def write_file(path: str, data: bytes) -> None:
+    """Writes ``data`` to ``path``, making its parent directories."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
 
 
 def start_daemon(

@@ -16,7 +16,7 @@ from sprite_env.mountinfo import fstype_at
 from sprite_env.services import processes_using
 from tests.helpers import trees
 from tests.helpers.cli import run_cli
-from tests.helpers.daemon import start_daemon
+from tests.helpers.daemon import start_daemon, write_file
 
 pytestmark = pytest.mark.integration
 
@@ -42,18 +42,6 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
-
-
-def _write(path: str, data: bytes) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
-
-
-def _create(d: Any, comment: str) -> dict[str, Any]:
-    status, evs = d.stream("POST", "/v1/checkpoint", {"comment": comment})
-    assert evs[-1]["type"] == "complete", evs
-    return evs[-1]  # type: ignore[no-any-return]
 
 
 def _restore(d: Any, cid: str) -> list[dict[str, Any]]:
@@ -85,22 +73,22 @@ def test_whiteouts_and_opaque_dirs_round_trip(overlay_daemon: Any) -> None:
     os.unlink(os.path.join(merged, "etc", "hosts"))  # a whiteout in UPPER
     subprocess.run(["rm", "-rf", os.path.join(merged, "usr", "lib", "pkg")], check=True)
     os.makedirs(os.path.join(merged, "usr", "lib", "pkg"))  # an opaque directory
-    _write(os.path.join(merged, "usr", "lib", "pkg", "new.py"), b"# new\n")
-    _write(os.path.join(merged, "app", "main.py"), b"print('v0')\n")
+    write_file(os.path.join(merged, "usr", "lib", "pkg", "new.py"), b"# new\n")
+    write_file(os.path.join(merged, "app", "main.py"), b"print('v0')\n")
     upper_st = os.lstat(os.path.join(o.upper, "etc", "hosts"))
     assert (os.major(upper_st.st_rdev), os.minor(upper_st.st_rdev)) == (0, 0)
     assert os.getxattr(os.path.join(o.upper, "usr", "lib", "pkg"), "trusted.overlay.opaque") == b"y"
     merged_v0 = trees.snapshot_tree(merged)
     upper_v0 = _upper(o.upper)
-    _create(d, "v0")
+    d.create("v0")
 
     # Undo all of it through MERGED: the whiteout goes, the opaque dir's files come back.
     subprocess.run(["rm", "-rf", os.path.join(o.upper, "x")], check=True)
-    _write(os.path.join(merged, "etc", "hosts"), b"10.0.0.1 other\n")
+    write_file(os.path.join(merged, "etc", "hosts"), b"10.0.0.1 other\n")
     subprocess.run(
         ["rm", "-rf", os.path.join(merged, "usr"), os.path.join(merged, "app")], check=True
     )
-    _write(os.path.join(merged, "app", "other.py"), b"x")
+    write_file(os.path.join(merged, "app", "other.py"), b"x")
     evs = _restore(d, "v0")
     infos = [e["data"] for e in evs if e["type"] == "info"]
     assert infos[:3] == [
@@ -121,7 +109,7 @@ def test_restore_ends_sessions_and_restarts_services(overlay_daemon: Any, tmp_pa
     d, o = overlay_daemon, overlay_daemon.overlay
     log = tmp_path / "service-starts.log"
     os.makedirs(os.path.join(o.merged, "srv"))
-    _write(
+    write_file(
         os.path.join(o.merged, "etc", "sprite", "services", "web.toml"),
         SERVICE.format(log=log).encode(),
     )
@@ -129,7 +117,7 @@ def test_restore_ends_sessions_and_restarts_services(overlay_daemon: Any, tmp_pa
     assert p.returncode == 0, p.stderr
     first = _wait_running(d, "web")
     assert os.readlink(f"/proc/{first['pid']}/cwd") == os.path.join(o.merged, "srv")
-    _create(d, "with web")
+    d.create("with web")
 
     # A session: a shell whose working directory is in MERGED, started by hand.
     hand = subprocess.Popen(["sleep", "1000"], cwd=os.path.join(o.merged, "srv"))
@@ -180,10 +168,10 @@ def test_a_service_removed_by_the_restore_does_not_come_back(
     overlay_daemon: Any, tmp_path: Any
 ) -> None:
     d, o = overlay_daemon, overlay_daemon.overlay
-    _write(os.path.join(o.merged, "a.txt"), b"a")
-    _create(d, "no services")
+    write_file(os.path.join(o.merged, "a.txt"), b"a")
+    d.create("no services")
     os.makedirs(os.path.join(o.merged, "srv"))
-    _write(
+    write_file(
         os.path.join(o.merged, "etc", "sprite", "services", "web.toml"),
         SERVICE.format(log=tmp_path / "log").encode(),
     )
@@ -197,8 +185,8 @@ def test_a_service_removed_by_the_restore_does_not_come_back(
 
 def test_the_view_shows_the_layer_and_reset_returns_to_the_base(overlay_daemon: Any) -> None:
     d, o = overlay_daemon, overlay_daemon.overlay
-    _write(os.path.join(o.merged, "app", "main.py"), b"print(1)\n")
-    _create(d, "app")
+    write_file(os.path.join(o.merged, "app", "main.py"), b"print(1)\n")
+    d.create("app")
     assert os.path.exists(os.path.join(d.state, "checkpoints", "v0", "app", "main.py"))
     status, evs = d.stream("POST", "/v1/reset")
     assert evs[-1]["type"] == "complete", evs
@@ -227,10 +215,10 @@ def test_the_view_shows_each_checkpoint_merged_over_the_base(overlay_daemon: Any
     os.unlink(os.path.join(merged, "etc", "hosts"))  # whiteout
     subprocess.run(["rm", "-rf", os.path.join(merged, "usr", "lib", "pkg")], check=True)
     os.makedirs(os.path.join(merged, "usr", "lib", "pkg"))  # opaque
-    _write(os.path.join(merged, "usr", "lib", "pkg", "new.py"), b"# new\n")
-    _write(os.path.join(merged, "app", "main.py"), b"print('v0')\n")
+    write_file(os.path.join(merged, "usr", "lib", "pkg", "new.py"), b"# new\n")
+    write_file(os.path.join(merged, "app", "main.py"), b"print('v0')\n")
     os.symlink("app/main.py", os.path.join(merged, "link"))
-    _create(d, "v0")
+    d.create("v0")
     view = os.path.join(d.state, "checkpoints", "v0")
     # The checkpoint, browsed, is MERGED as it was: same names, bytes and metadata.
     trees.assert_trees_equal(merged, view, check_root_meta=False)
@@ -240,9 +228,9 @@ def test_the_view_shows_each_checkpoint_merged_over_the_base(overlay_daemon: Any
     p = subprocess.run(["diff", "-r", merged, view], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
     # After more changes the view still shows v0, and v1 shows the new state.
-    _write(os.path.join(merged, "app", "main.py"), b"print('v1')\n")
-    _write(os.path.join(merged, "etc", "hosts"), b"10.0.0.1 back\n")
-    _create(d, "v1")
+    write_file(os.path.join(merged, "app", "main.py"), b"print('v1')\n")
+    write_file(os.path.join(merged, "etc", "hosts"), b"10.0.0.1 back\n")
+    d.create("v1")
     with open(os.path.join(view, "app", "main.py"), "rb") as f:
         assert f.read() == b"print('v0')\n"
     trees.assert_trees_equal(
@@ -261,11 +249,11 @@ def test_kill_mid_restore_on_an_overlay(overlay: Any, daemon_factory: Any, tmp_p
         env={"SPRITE_ENV_CRASH_AT": "restore-entry-written:20"},
     )
     for i in range(60):
-        _write(os.path.join(overlay.merged, "many", f"f{i:02}"), os.urandom(2000))
-    _create(d, "target")
+        write_file(os.path.join(overlay.merged, "many", f"f{i:02}"), os.urandom(2000))
+    d.create("target")
     merged_v0 = trees.snapshot_tree(overlay.merged)
     subprocess.run(["rm", "-rf", os.path.join(overlay.merged, "many")], check=True)
-    _write(os.path.join(overlay.merged, "junk"), b"x")
+    write_file(os.path.join(overlay.merged, "junk"), b"x")
     d.stream("POST", "/v1/checkpoints/v0/restore")  # killed half-way, MERGED unmounted
     d.proc.wait(60)
     assert d.proc.returncode == -signal.SIGKILL
