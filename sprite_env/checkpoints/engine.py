@@ -441,9 +441,10 @@ class Engine:
 
     def delete_many(self, cids: list[str], progress: Progress | None = None) -> DeleteReport:
         """Deletes checkpoints in one transaction and one collection (a retention sweep)."""
+        active = self.registry.active()
         for cid in cids:
             self.registry.get(cid)
-            if cid == self.registry.active():
+            if cid == active:
                 raise ActiveCheckpoint(cid)
         with self.store.catalog.transaction() as db:
             for cid in cids:
