@@ -90,6 +90,7 @@ _API_EXIT_CODES: dict[str, int] = {
             "not_found",
             "active_checkpoint",
             "quota_exceeded",
+            "no_base_image",
             "unknown_path",
             "method_not_allowed",
             "body_too_large",

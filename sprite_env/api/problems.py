@@ -27,6 +27,7 @@ STATUS: dict[str, int] = {
     "request_timeout": 408,
     "active_checkpoint": 409,
     "quota_exceeded": 409,
+    "no_base_image": 409,
     "body_too_large": 413,
     "store_error": 500,
     "io_error": 500,

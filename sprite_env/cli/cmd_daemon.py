@@ -11,7 +11,14 @@ if TYPE_CHECKING:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("daemon", help="serve the API socket, the checkpoint view, auto checkpoints")
+    p = sub.add_parser(
+        "daemon",
+        help="serve the API socket, the checkpoint view, auto checkpoints",
+        description="Run the daemon that owns the checkpoints of one layer. Name the layer: "
+        "--overlay LOWER:UPPER:WORK:MERGED (a sprite: checkpoints hold UPPER; reset goes "
+        "back to LOWER) or --root DIR (checkpoints hold DIR itself; no reset). There is no "
+        "default: --root / must be asked for.",
+    )
     p.add_argument("--state", metavar="DIR", help="state directory (default: ROOT/.sprite)")
     p.add_argument("--socket-group", metavar="GROUP", help="let GROUP use the socket (mode 0660)")
     p.add_argument(

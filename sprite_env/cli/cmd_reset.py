@@ -14,7 +14,9 @@ if TYPE_CHECKING:
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "reset", help="empty the layer back to the base image (auto checkpoint first)"
+        "reset",
+        help="empty the layer back to the base image (auto checkpoint first; only a "
+        "daemon with --overlay has a base image)",
     )
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     p.add_argument(

@@ -157,18 +157,13 @@ def restore(args: argparse.Namespace) -> int:
 
 
 def reset(args: argparse.Namespace) -> int:
-    if not args.yes and not render.confirm(
-        "Reset the layer to its base image?", render.reset_lines(), what="reset", flag="--yes"
-    ):
-        return 1
-    with _Progress(args) as progress, _engine(args) as e:
-        rep = e.reset(created_by=_created_by(args), progress=progress)
-    if args.json:
-        render.print_json(rep.to_json())
-    else:
-        _print_warnings(rep.warnings)
-        print(render.restored_line(None, rep.stats.__dict__, rep.undo))
-    return 0
+    # Offline there is no base image to go back to (only the daemon's --overlay has one):
+    # a reset here would empty the layer itself, the root of a machine included (issue 10).
+    raise UserError(
+        "reset needs a base image below the layer, which only a daemon started with "
+        "--overlay has; offline, nothing was changed. To go back to a checkpoint, use: "
+        "sprite-env --root DIR restore ID"
+    )
 
 
 def _print_warnings(warnings: list[Any]) -> None:

@@ -120,8 +120,15 @@ def restore(args: argparse.Namespace) -> int:
 
 def reset(args: argparse.Namespace) -> int:
     c = client(args)
-    if not args.yes and not render.confirm(
-        "Reset the layer to its base image?", render.reset_lines(), what="reset", flag="--yes"
+    # Without a base image the daemon refuses a reset (it would empty the root): ask it
+    # at once rather than prompt for something that cannot happen.
+    refused = c.status().get("base_image") is None
+    if (
+        not args.yes
+        and not refused
+        and not render.confirm(
+            "Reset the layer to its base image?", render.reset_lines(), what="reset", flag="--yes"
+        )
     ):
         return 1
     done = run_job(args, lambda on_event: c.reset(on_event=on_event, detach=args.detach))

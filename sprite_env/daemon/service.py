@@ -57,6 +57,20 @@ class DaemonRunning(SpriteError):
     exit_code = 4
 
 
+class NoBaseImage(UserError):
+    """A reset asked of a daemon with no base image below its layer (no ``--overlay``):
+    there, "back to the base image" would mean an empty root (issue 10: it wiped one)."""
+
+    code = "no_base_image"
+
+    def __init__(self, root: str) -> None:
+        super().__init__(
+            f"reset needs a base image below the layer, and this daemon has none (it "
+            f"checkpoints {root} itself, not an overlay's upper layer): nothing was changed. "
+            "To go back to a checkpoint, use: sprite-env restore ID"
+        )
+
+
 @dataclass
 class DaemonConfig:
     root: str = "/"
@@ -129,6 +143,8 @@ class Daemon:
             "job": running.to_json() if running else None,
             "queued": self.jobs.queued(),
             "mount": self.config.mountpoint if self.view is not None else None,
+            # What a reset goes back to; None: no base image, so no reset.
+            "base_image": self.config.overlay.lower if self.config.overlay else None,
             "auto_interval_s": self.config.auto_interval_s,
             "max_checkpoints": self.config.max_checkpoints,
         }
@@ -273,6 +289,9 @@ class Daemon:
         return self.jobs.submit("restore", cid, actor, self._recorded("restore", cid, actor, body))
 
     async def reset(self, actor: str) -> Job:
+        if self.config.overlay is None:
+            raise NoBaseImage(self.config.root)
+
         async def body(job: Job) -> Event:
             job.info("Resetting the layer to the base image...")
             await trio.to_thread.run_sync(self._room_for, 1, False, actor)
@@ -610,7 +629,15 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
     overlay = Overlay.parse(args.overlay) if args.overlay else None
     if overlay and args.root:
         raise UserError("--overlay names the layer (UPPER) and the root (MERGED): drop --root")
-    root = overlay.merged if overlay else os.path.abspath(args.root or "/")
+    if not overlay and not args.root:
+        # No default: a daemon checkpoints (and restores) all of its root, so ``/`` must be
+        # asked for, never fallen into (issue 10).
+        raise UserError(
+            "say which layer the daemon owns: --overlay LOWER:UPPER:WORK:MERGED (a sprite: "
+            "a base image with the layer above it) or --root DIR (checkpoints of DIR itself; "
+            "--root / for the whole machine)"
+        )
+    root = overlay.merged if overlay else os.path.abspath(args.root)
     state = os.path.abspath(args.state or os.path.join(root, ".sprite"))
     if overlay and (state + "/").startswith(root.rstrip("/") + "/"):
         raise UserError(

@@ -237,17 +237,19 @@ def test_activity_log_names_who(daemon: Any) -> None:
     assert "active" in log[0]["detail"]
 
 
-def test_reset_empties_the_layer_and_can_be_undone(daemon: Any) -> None:
+def test_reset_without_a_base_image_is_refused_and_touches_nothing(daemon: Any) -> None:
+    # Issue 10: on a daemon without --overlay, "back to the base image" emptied the root.
     trees.build_tree(daemon.root, trees.sample_spec())
+    daemon.create("before")
     before = trees.snapshot_tree(daemon.root)
-    status, evs = daemon.stream("POST", "/v1/reset")
-    assert status == 202
-    assert evs[-1]["type"] == "complete", evs
-    assert os.listdir(daemon.root) == []
-    undo = evs[-1]["undo"]
-    status, evs = daemon.stream("POST", f"/v1/checkpoints/{undo}/restore")
-    assert evs[-1]["type"] == "complete", evs
+    status, problem = daemon.json("POST", "/v1/reset")
+    assert (status, problem["code"], problem["status"]) == (409, "no_base_image", 409)
+    assert "nothing was changed" in problem["message"]
     trees.assert_trees_equal(before, daemon.root)
+    status, cps = daemon.json("GET", "/v1/checkpoints?include_auto=true")
+    assert [c["id"] for c in cps] == ["v0"]  # no undo checkpoint either: nothing ran
+    status, st = daemon.json("GET", "/v1/status")
+    assert st["base_image"] is None
 
 
 def test_status(daemon: Any) -> None:

@@ -6,6 +6,7 @@ import json
 import os
 
 from tests.helpers.cli import run_cli
+from tests.helpers.trees import assert_trees_equal, snapshot_tree
 
 
 def test_full_loop(tmp_path: os.PathLike[str]) -> None:
@@ -83,20 +84,20 @@ def test_excludes_are_saved_in_the_store(tmp_path: os.PathLike[str]) -> None:
     assert os.listdir(os.path.join(root, "cache")) == ["big"]
 
 
-def test_offline_reset(tmp_path: os.PathLike[str]) -> None:
+def test_offline_reset_is_refused_and_touches_nothing(tmp_path: os.PathLike[str]) -> None:
+    # Offline there is no base image: a reset would empty the layer (issue 10).
     root = os.path.join(os.fspath(tmp_path), "layer")
     os.mkdir(root)
     with open(os.path.join(root, "a"), "w") as f:
         f.write("one")
     assert run_cli("--root", root, "checkpoints", "create").returncode == 0
-    r = run_cli("--root", root, "reset")  # no terminal, no --yes
-    assert r.returncode == 2
-    assert "--yes" in r.stderr
-    r = run_cli("--root", root, "reset", "--yes")
-    assert r.returncode == 0, r.stderr
-    assert "undo with: sprite-env restore auto-" in r.stdout
-    assert os.listdir(root) == [".sprite"]
-    undo = r.stdout.rsplit(" ", 1)[-1].strip()
-    r = run_cli("--root", root, "restore", undo, "--yes", "--json")
-    assert json.loads(r.stdout)["id"] == undo
-    assert sorted(os.listdir(root)) == [".sprite", "a"]
+    before = snapshot_tree(root)
+    for args in (["reset"], ["reset", "--yes"], ["reset", "--yes", "--json"]):
+        r = run_cli("--root", root, *args)
+        assert r.returncode == 2, r
+        assert "needs a base image" in r.stderr
+        assert "nothing was changed" in r.stderr
+        assert "Traceback" not in r.stderr
+        assert_trees_equal(before, root)
+    r = run_cli("--root", root, "checkpoints", "list", "--include-auto", "--json")
+    assert [c["id"] for c in json.loads(r.stdout)] == ["v0"]  # no undo point: nothing ran

@@ -134,16 +134,16 @@ def test_actor_reset_and_curl(daemon_factory: Any) -> None:
     r = cli("checkpoints", "info", "v0", "--json")
     assert json.loads(r.stdout)["created_by"] == "agent-7"
 
-    r = cli("reset")
-    assert r.returncode == 2
-    assert "--yes" in r.stderr
-    r = cli("reset", "--yes", "--as", "cleaner")
-    assert r.returncode == 0, r.stderr
-    assert "undo with: sprite-env restore auto-" in r.stdout
-    assert os.listdir(d.root) == []
-    r = cli("checkpoints", "log", "--json")
-    assert r.returncode == 0
-    assert json.loads(r.stdout)[0]["actor"] == "cleaner"
+    # No --overlay, so no base image: reset is refused at once (no prompt for what cannot
+    # happen), with and without --yes, and nothing is touched (issue 10).
+    for args in (["reset"], ["reset", "--yes", "--as", "cleaner"]):
+        r = cli(*args)
+        assert r.returncode == 2, r
+        assert "needs a base image" in r.stderr
+        assert "nothing was changed" in r.stderr
+        assert os.listdir(d.root) == ["a"]
+    r = cli("checkpoints", "list", "--include-auto", "--json")
+    assert [c["id"] for c in json.loads(r.stdout)] == ["v0"]
 
     r = cli("curl", "/v1/checkpoints")
     assert r.returncode == 0
@@ -180,7 +180,7 @@ def test_detach_then_follow(daemon_factory: Any) -> None:
     assert events[-1]["undo"].startswith("auto-")
     assert not os.path.exists(os.path.join(d.root, "b"))
 
-    r = cli("reset", "--yes", "--detach", "--json")
+    r = cli("restore", "v0", "--yes", "--detach", "--json")
     (first,) = _ndjson(r.stdout)
     assert isinstance(first["job"], int)
     assert _ndjson(cli("curl", f"/v1/jobs/{first['job']}/events").stdout)[-1]["type"] == "complete"
