@@ -25,7 +25,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     q = ssub.add_parser("init", help="create an empty store")
     common(q)
     q.set_defaults(func=cmd_init)
-    q = ssub.add_parser("check", help="verify every object the catalog lists (exit 3 if not)")
+    q = ssub.add_parser(
+        "check",
+        help="verify every object the catalog lists, and that the store is private to its "
+        "owner (exit 3 if not)",
+    )
     common(q)
     q.add_argument("--read-data", action="store_true", help="also re-read and re-hash every object")
     q.set_defaults(func=cmd_check)

@@ -9,9 +9,10 @@ Exit codes (this is the one place they are defined; README and llm.txt copy this
 2     bad usage or input (unknown command, bad option, bad id, bad comment, cannot
       delete the active checkpoint, restore without --yes and no terminal); the API's
       400-class codes (``invalid_*``, ``bad_request``, ``not_found``,
-      ``active_checkpoint``, ``quota_exceeded``, ...)
-3     store error: damaged, not a store, wrong format; ``store check`` found problems;
-      the API's ``store_error``
+      ``active_checkpoint``, ``quota_exceeded``, ...); a store or state directory this
+      user may not open (private to its owner, root)
+3     store error: damaged, not a store, wrong format; ``store check`` found problems
+      (a store others may read among them); the API's ``store_error``
 4     busy: the store is locked by another process; the daemon's job queue is full
       (``busy``)
 5     no daemon answers on the API socket (none running, or still starting after

@@ -118,8 +118,11 @@ def diff(args: argparse.Namespace) -> int:
 
 
 def export(args: argparse.Namespace) -> int:
-    os.makedirs(args.dest, exist_ok=True)
-    with _engine(args) as e:
+    with _engine(args) as e:  # first: a user who may not open the store is told so
+        try:
+            os.makedirs(args.dest, exist_ok=True)
+        except OSError as err:
+            raise UserError(f"cannot create {args.dest}: {err.strerror}") from None
         st = e.export(args.id, args.dest)
     if args.json:
         render.print_json(st.__dict__)

@@ -24,11 +24,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import threading
 import unicodedata
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from sprite_env import privacy
 from sprite_env.errors import UserError
 
 if TYPE_CHECKING:
@@ -75,6 +77,13 @@ class ActivityLog:
         self.old_path = self.path + ".1"
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
+        # Private (sprite_env/privacy.py) from the start, not from the next record: an
+        # older version's log may be 0644.
+        for p in (self.path, self.old_path):
+            with contextlib.suppress(FileNotFoundError):
+                st = os.lstat(p)
+                if stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) != privacy.FILE_MODE:
+                    os.chmod(p, privacy.FILE_MODE)
 
     def record(
         self,
@@ -145,7 +154,7 @@ class ActivityLog:
     def _create(self) -> int:
         # Read-write: ``record`` reads the last byte back to detect a torn line.
         flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-        fd = os.open(self.path, flags, 0o600)
+        fd = privacy.open_file(self.path, flags)
         # The new name must survive a crash along with the records written to it.
         dir_fd = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY | os.O_DIRECTORY)
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import grp
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from sprite_env import __version__
+from sprite_env import __version__, privacy
 from sprite_env.api import events
 from sprite_env.api.server import Limits, serve_unix
 from sprite_env.checkpoints import Engine
@@ -455,10 +456,37 @@ def _diff_json(a: str, b: str | None, diffs: list[Difference]) -> dict[str, Any]
 # -- running ---------------------------------------------------------------------------------
 
 
+def _make_state_dir(state: str, socket_group: str | None) -> None:
+    """Creates STATE, or makes it private: 0700, or 0710 for group G given ``--socket-group
+    G``, since connecting to STATE/api.sock needs search permission on STATE. G can then
+    open the socket, llm.txt and the view by name, never list STATE or open the store,
+    the logs or the lock, which are 0700/0600 of their own (see ``sprite_env/privacy.py``).
+
+    Raises:
+        UserError: the group does not exist.
+        privacy.AccessDenied: this user may not create or change STATE.
+    """
+    gid = -1
+    if socket_group is not None:
+        try:
+            gid = grp.getgrnam(socket_group).gr_gid
+        except KeyError:
+            raise UserError(f"--socket-group: unknown group {socket_group!r}") from None
+    mode = 0o710 if gid != -1 else privacy.DIR_MODE
+    try:
+        before = privacy.make_dir(state, mode, gid)
+    except PermissionError as e:
+        raise privacy.AccessDenied("state directory", state, e) from None
+    if before is not None and before & ~mode & privacy.OPEN_BITS:
+        log.warning(
+            "state directory %s was mode %04o, open to other users: made %04o", state, before, mode
+        )
+
+
 def _lock_state(state: str) -> int:
     """Takes the state directory's lock (one daemon per state) and writes our pid into it."""
     path = os.path.join(state, "daemon.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = privacy.open_file(path, os.O_RDWR)  # 0600, an older 0644 one too
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -487,7 +515,7 @@ async def run(
 ) -> None:
     """Runs the daemon until SIGTERM or SIGINT (or cancellation)."""
     state = config.state  # absolute (config_from_args)
-    os.makedirs(state, mode=0o755, exist_ok=True)
+    _make_state_dir(state, config.socket_group)
     lock_fd = _lock_state(state)
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -8,8 +8,9 @@ Mount options: ``ro`` (the kernel itself refuses writes with ``EROFS``), ``nodev
 ``nosuid`` (a checkpoint's device nodes and setuid binaries are shown as captured, but
 opening a device or gaining privileges through the view is impossible),
 ``default_permissions`` (the kernel checks modes and owners as captured), and
-``allow_other`` when mounting as root, so every user of the sprite can browse what its
-permissions let it read.
+``allow_other`` when mounting as root, so every user who can reach the mount point can
+browse what its permissions let it read (the daemon's is in its private STATE: root, and
+the ``--socket-group``, only).
 
 Stale mounts: a process that was killed leaves its mount point answering ``ENOTCONN``
 ("transport endpoint is not connected"). :func:`prepare_mountpoint` detaches such a mount

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
+from sprite_env import privacy
 from sprite_env.errors import UserError
 from sprite_env.services.definitions import (
     ServiceDef,
@@ -164,7 +165,7 @@ class Supervisor:
         Cancellation:
             Stops every running service (see the module docstring) before returning.
         """
-        await trio.Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+        await trio.to_thread.run_sync(self._make_log_dir)
         await self._end_leftovers()
         try:
             async with trio.open_nursery() as nursery:
@@ -311,6 +312,14 @@ class Supervisor:
 
     # -- supervising -------------------------------------------------------------------------
 
+    def _make_log_dir(self) -> None:
+        """Creates the log directory, private (sprite_env/privacy.py): a service's output may
+        say what the layer holds. One an older version made 0755 (logs 0640) is tightened,
+        said at INFO only: the daemon has warned about the state directory around it."""
+        if os.path.isdir(self.log_dir):
+            privacy.tighten(self.log_dir, "services directory", logging.INFO)
+        privacy.make_dir(self.log_dir)
+
     def _log_path(self, name: str) -> str:
         return os.path.join(self.log_dir, f"{name}.log")
 
@@ -320,7 +329,9 @@ class Supervisor:
     def _write_pid_file(self, name: str, pid: int) -> None:
         """``NAME.pid``: ``PID START_TIME``, while the service runs; see _end_leftovers."""
         try:
-            with open(self._pid_path(name), "w") as f:
+            with os.fdopen(
+                privacy.open_file(self._pid_path(name), os.O_WRONLY | os.O_TRUNC), "w"
+            ) as f:
                 f.write(f"{pid} {start_time(pid) or 0}\n")
         except OSError as e:
             log.error("service %s: pid file: %s", name, e)
@@ -589,7 +600,7 @@ class _LogFile:
         self._broken = False
 
     def _open(self) -> None:
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        self._fd = privacy.open_file(self.path, os.O_WRONLY | os.O_APPEND)  # 0600
         self._size = os.fstat(self._fd).st_size
 
     def _write_all(self, view: memoryview) -> None:

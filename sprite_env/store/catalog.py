@@ -39,6 +39,7 @@ except ``meta.ingested_bytes`` can be rebuilt from the packs alone (``rebuild``)
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -46,6 +47,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from sprite_env import privacy
 from sprite_env.errors import StoreError
 from sprite_env.ids import ObjectId, PackName
 from sprite_env.store.pack import Entry
@@ -135,6 +137,10 @@ class Catalog:
         self._closed = False
         self._pool_lock = threading.Lock()
         try:
+            if not readonly:
+                # SQLite would create the file 0644 (less the umask), and it gives the -wal
+                # and -shm files the database's mode: made 0600 here, all three are private.
+                os.close(privacy.open_file(path, os.O_RDWR))
             self._db = sqlite3.connect(
                 uri, uri=True, check_same_thread=False, isolation_level=None, timeout=30
             )
@@ -142,7 +148,7 @@ class Catalog:
                 self._db.execute("PRAGMA journal_mode=WAL")
             # FULL: a committed checkpoint survives power loss, not only a crash.
             self._db.execute("PRAGMA synchronous=FULL")
-        except sqlite3.Error as e:
+        except (sqlite3.Error, OSError) as e:
             raise StoreError(f"cannot open catalog {path}: {e}") from None
         self._lock = threading.Lock()
         self._pack_names: dict[int, PackName] = {}

@@ -4,7 +4,7 @@ catalog from the packs alone, and ``stats``.
 ``check`` without ``read_data`` proves that every catalog row points into an existing pack
 file of the recorded size whose table (verified by its hash) lists that object at that
 offset; with ``read_data`` it also re-hashes every pack file against its name and every
-object against its id.
+object against its id. Either way it reports a store the group or others may read.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import blake3
 
+from sprite_env import privacy
 from sprite_env.errors import CorruptPack, StoreError
 from sprite_env.ids import PackName
 from sprite_env.store.catalog import Catalog, insert_pack
@@ -67,6 +68,7 @@ def check(
     pack and offset.
     """
     report = CheckReport()
+    _check_privacy(store, report)
     packs = store.catalog.packs()
     known = {p.name for p in packs}
     for fname in sorted(os.listdir(store.packs_dir)):
@@ -85,6 +87,27 @@ def check(
         if progress:
             progress(i + 1, len(packs))
     return report
+
+
+def _check_privacy(store: Store, report: CheckReport) -> None:
+    """An error if the group or others may use anything in the store (0700 directories
+    and 0600 files expected; see ``sprite_env/privacy.py``): a pack holds every captured
+    byte, whatever the file's own mode was. Read-only, so it only says how to fix it."""
+    try:
+        found = privacy.exposed(store.path)
+    except OSError as e:
+        report.errors.append(f"store {store.path}: cannot check its permissions: {e}")
+        return
+    if not found:
+        return
+    dirs = sum(p.is_dir for p in found)
+    report.errors.append(
+        f"store {store.path} is not private: {dirs} directories and {len(found) - dirs} "
+        f"files have group or other permissions (e.g. {found[0].path} "
+        f"{found[0].mode:04o}), so users other than its owner may be able to read the "
+        f"checkpoints' data. Fix: chmod -R go= {store.path} (opening the store for "
+        "writing, as the daemon does when it starts, makes it private too)"
+    )
 
 
 def _check_pack(

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import blake3
 
+from sprite_env import privacy
 from sprite_env.errors import CorruptPack
 from sprite_env.ids import ObjectId, PackName
 from sprite_env.store.faults import crashpoint
@@ -102,7 +103,8 @@ class PackWriter:
     def __init__(self, tmp_dir: str, pack_class: int) -> None:
         self.pack_class = pack_class
         self.tmp_path = os.path.join(tmp_dir, f"{uuid.uuid4().hex}.tmp")
-        self._fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        # 0600: a pack holds the bytes of files whatever their own modes (sprite_env/privacy.py).
+        self._fd = privacy.open_file(self.tmp_path, os.O_WRONLY | os.O_EXCL)
         self._hash = blake3.blake3()
         self.entries: list[Entry] = []
         self.size = 0

@@ -29,6 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sprite_env import privacy
 from sprite_env.errors import CorruptPack, NotAStore, ObjectNotFound, StoreError, StoreLocked
 from sprite_env.ids import ObjectId, PackName
 from sprite_env.store import codec
@@ -104,18 +105,39 @@ class Store:
     # -- opening -----------------------------------------------------------------------
 
     def _init_or_validate(self, create: bool) -> None:
+        """Creates the store, or checks its marker; a writable open of an existing store
+        makes it private (see ``sprite_env/privacy.py``: older versions made it 0755/0644).
+
+        Raises:
+            privacy.AccessDenied: this user may not open it (it is private to its owner).
+        """
+        try:
+            self._create_or_validate(create)
+        except PermissionError as e:
+            raise privacy.AccessDenied("store", self.path, e) from None
+        if self.writable:
+            privacy.tighten(self.path, "store")
+
+    def _create_or_validate(self, create: bool) -> None:
         marker = os.path.join(self.path, MARKER)
-        if not os.path.exists(marker):
+        try:
+            os.stat(marker)
+            exists = True
+        except PermissionError:
+            raise
+        except OSError:  # as os.path.exists, but EACCES is not "no store here"
+            exists = False
+        if not exists:
             if os.path.isdir(self.path) and os.listdir(self.path) or not create:
                 raise NotAStore(
                     f"{self.path} is not a sprite-env store (no {MARKER})"
                     + ("" if create else "; create one first")
                 )
-            os.makedirs(self.path, exist_ok=True)
-            os.makedirs(self.packs_dir)
-            os.makedirs(self.tmp_dir)
+            privacy.make_dir(self.path)  # an empty directory given to us gets 0700 too
+            privacy.make_dir(self.packs_dir)
+            privacy.make_dir(self.tmp_dir)
             tmp = marker + ".tmp"
-            with open(tmp, "w") as f:
+            with os.fdopen(privacy.open_file(tmp, os.O_WRONLY | os.O_TRUNC), "w") as f:
                 json.dump({"format": FORMAT}, f)
                 f.write("\n")
                 f.flush()
@@ -126,6 +148,8 @@ class Store:
         try:
             with open(marker) as f:
                 fmt = json.load(f).get("format")
+        except PermissionError:
+            raise
         except (OSError, ValueError, AttributeError) as e:
             raise NotAStore(f"{self.path}: unreadable {MARKER}: {e}") from None
         if not isinstance(fmt, int):
@@ -137,7 +161,14 @@ class Store:
             )
 
     def _take_lock(self) -> None:
-        fd = os.open(os.path.join(self.path, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        path = os.path.join(self.path, "lock")
+        try:
+            if self.writable:
+                fd = privacy.open_file(path, os.O_RDWR)
+            else:  # a read-only open changes no mode (it may create the file, 0600)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, privacy.FILE_MODE)
+        except PermissionError as e:
+            raise privacy.AccessDenied("store", self.path, e) from None
         try:
             fcntl.flock(fd, (fcntl.LOCK_EX if self.writable else fcntl.LOCK_SH) | fcntl.LOCK_NB)
         except OSError as e:
