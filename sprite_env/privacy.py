@@ -106,15 +106,15 @@ class OpenPath:
 
 def exposed(top: str) -> list[OpenPath]:
     """Every directory and file at and under ``top`` with a group or other permission bit,
-    parents before their contents. Follows no symlink and enters no other file system (a
-    mount point is not the directory's own); entries that vanish or cannot be stat'ed are
-    skipped.
+    parents before their contents. Follows no symlink below ``top`` (``top`` itself may be
+    one, to the directory) and enters no other file system (a mount point is not the
+    directory's own); entries that vanish or cannot be stat'ed are skipped.
 
     Raises:
         OSError: ``top`` itself cannot be stat'ed or listed.
     """
     out: list[OpenPath] = []
-    st = os.lstat(top)
+    st = os.stat(top)
     if stat.S_IMODE(st.st_mode) & OPEN_BITS:
         out.append(OpenPath(top, stat.S_IMODE(st.st_mode), stat.S_ISDIR(st.st_mode)))
     if stat.S_ISDIR(st.st_mode):

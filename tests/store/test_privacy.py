@@ -65,16 +65,16 @@ def offline_checkpoint(base: str, umask: int) -> tuple[str, str]:
     with open(os.path.join(root, "secret"), "wb") as f:
         f.write(SECRET)
     os.chmod(os.path.join(root, "secret"), 0o600)
-    p = subprocess.run(
-        [sys.executable, "-m", "sprite_env", "checkpoints", "create", "--root", root]
-        + ["--store", store],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-        umask=umask,
-    )
-    assert p.returncode == 0, p.stderr
+    for args in (["store", "init"], ["checkpoints", "create", "--root", root]):
+        p = subprocess.run(
+            [sys.executable, "-m", "sprite_env", *args, "--store", store],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=300,
+            umask=umask,
+        )
+        assert p.returncode == 0, p.stderr
     return root, store
 
 
@@ -194,3 +194,18 @@ def test_non_root_check_and_export_fail_with_a_clear_message(base: str, old: boo
         assert f"cannot open the store {store}: permission denied" in p.stderr, p.stderr
         assert "private to its owner (root): run this command as root" in p.stderr
     assert not os.path.exists(os.path.join(dest, "secret"))
+
+
+def test_a_store_reached_through_a_symlink_is_checked_and_tightened_at_its_target(
+    tmp_path: os.PathLike[str], expect_log: Callable[[str], None]
+) -> None:
+    real = os.path.join(os.fspath(tmp_path), "data", "store")
+    link = os.path.join(os.fspath(tmp_path), "store-link")
+    open_store(real, create=True).close()
+    os.symlink(real, link)
+    with open_store(link, writable=False) as s:
+        assert check(s).ok  # the link's own 0777 is no permission of the store's
+    make_old(real)
+    expect_log(r"store .*store-link was open to other users")
+    open_store(link).close()
+    assert_private(real)
