@@ -122,14 +122,26 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.unix_socket: socket.socket | None = None
 
     def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self.timeout)
-            sock.connect(self.socket_path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = self.unix_socket = sock
+        # A connect with a timeout fails at once with EAGAIN while the daemon's listen
+        # backlog is full (a flood of connections), where a blocking one would wait for
+        # the daemon to accept: wait likewise, within the timeout.
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(self.timeout)
+                sock.connect(self.socket_path)
+            except BlockingIOError:
+                sock.close()
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"{self.socket_path}: listen backlog full") from None
+                time.sleep(0.005)
+                continue
+            except OSError:
+                sock.close()
+                raise
+            self.sock = self.unix_socket = sock
+            return
 
 
 class Reply:
@@ -492,7 +504,8 @@ class Client:
     def _attempt(
         self, method: str, path: str, body: bytes | None, extra: Headers, *, stream: bool
     ) -> Reply:
-        headers = {"X-Sprite-Actor": self.actor}
+        # UTF-8 on the wire (http.client would send latin-1, or fail on other names).
+        headers = {"X-Sprite-Actor": self.actor.encode().decode("latin-1")}
         if body is not None:
             headers["Content-Type"] = "application/json"
         lower = {k.lower(): k for k in headers}

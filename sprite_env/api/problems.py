@@ -12,7 +12,7 @@ from typing import Any
 
 from sprite_env.checkpoints.engine import ActiveCheckpoint
 from sprite_env.checkpoints.registry import InvalidCheckpointId, UnknownCheckpoint
-from sprite_env.errors import StoreError, StoreLocked, UserError
+from sprite_env.errors import SnapshotError, StoreError, StoreLocked, UserError
 
 #: code -> HTTP status. README and llm.txt copy this table.
 STATUS: dict[str, int] = {
@@ -29,9 +29,11 @@ STATUS: dict[str, int] = {
     "quota_exceeded": 409,
     "no_base_image": 409,
     "body_too_large": 413,
+    "headers_too_large": 431,
     "store_error": 500,
     "io_error": 500,
     "internal": 500,
+    "not_implemented": 501,
     "no_space": 507,
     "busy": 503,
     "stopping": 503,
@@ -67,7 +69,7 @@ def problem_for(error: BaseException) -> Problem:
         return Problem("active_checkpoint", str(error))
     if isinstance(error, StoreLocked):
         return Problem("busy", str(error))
-    if isinstance(error, StoreError):
+    if isinstance(error, StoreError | SnapshotError):  # e.g. an unsafe name in a stored tree
         return Problem("store_error", str(error))
     if isinstance(error, UserError):
         code = getattr(error, "code", "bad_request")

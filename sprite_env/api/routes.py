@@ -44,6 +44,8 @@ def _body(req: Request, allowed: dict[str, type]) -> dict[str, Any]:
         value = json.loads(req.body)
     except (ValueError, UnicodeDecodeError) as e:
         raise Problem("invalid_json", f"request body is not valid JSON: {e}") from None
+    except RecursionError:  # json's decoder recurses per level: 60,000 "[" reach the limit
+        raise Problem("invalid_json", "request body is nested too deeply") from None
     if not isinstance(value, dict):
         raise Problem("invalid_json", "request body must be a JSON object")
     unknown = sorted(set(value) - set(allowed))
@@ -81,6 +83,30 @@ def _id(raw: str) -> str:
     return raw
 
 
+#: A number in a path or a query: ASCII digits only (``int()`` and ``str.isdigit()`` also
+#: take "²" or "٣"), and few of them (``int()`` refuses more than 4,300).
+_NUMBER = re.compile(r"[0-9]{1,18}")
+
+
+def _number(raw: str, what: str, low: int, high: int) -> int:
+    if _NUMBER.fullmatch(raw) is None or not low <= int(raw) <= high:
+        raise Problem(
+            "bad_request", f"{what} must be a number from {low} to {high}, not {raw[:40]!r}"
+        )
+    return int(raw)
+
+
+def _utf8(header: str | None) -> str | None:
+    """A header's text: UTF-8 if its bytes are (the client and curl send UTF-8), else
+    latin-1 as the server decoded it."""
+    if header is None:
+        return None
+    try:
+        return header.encode("latin-1").decode("utf-8")
+    except UnicodeDecodeError:
+        return header
+
+
 class Router:
     """Maps ``(method, path)`` to an endpoint; 404 for unknown paths, 405 for methods."""
 
@@ -112,7 +138,8 @@ class Router:
             m = pattern.fullmatch(path)
             if m is None:
                 continue
-            endpoint = methods.get(req.method)
+            # HEAD is GET without the body (the server leaves the body out).
+            endpoint = methods.get("GET" if req.method == "HEAD" else req.method)
             if endpoint is None:
                 allowed = ", ".join(sorted(methods))
                 problem = Problem(
@@ -126,7 +153,7 @@ class Router:
         )
 
     def _actor(self, req: Request, body: dict[str, Any] | None = None) -> str:
-        named = (body or {}).get("created_by") or req.headers.get("x-sprite-actor")
+        named = (body or {}).get("created_by") or _utf8(req.headers.get("x-sprite-actor"))
         try:
             return clean_actor(named, "api")
         except UserError as e:
@@ -183,18 +210,15 @@ class Router:
 
     async def activity(self, req: Request, _: dict[str, str]) -> Answer:
         _check_query(req, {"limit", "action"})
-        raw = req.query.get("limit", "100")
-        if not raw.isdigit() or not 1 <= int(raw) <= 10_000:
-            raise Problem("bad_request", f"limit must be a number from 1 to 10000, not {raw!r}")
-        entries = await self.daemon.activity_entries(int(raw), req.query.get("action") or None)
+        limit = _number(req.query.get("limit", "100"), "limit", 1, 10_000)
+        entries = await self.daemon.activity_entries(limit, req.query.get("action") or None)
         return json_response(entries)
 
     def _job(self, raw: str) -> Any:
-        if not raw.isdigit():
-            raise Problem("bad_request", f"job number must be a number, not {raw!r}")
-        job = self.daemon.jobs.get(int(raw))
+        number = _number(raw, "the job number", 1, 10**18 - 1)
+        job = self.daemon.jobs.get(number)
         if job is None:
-            raise Problem("not_found", f"no job {raw} (finished jobs are kept for a while)")
+            raise Problem("not_found", f"no job {number} (finished jobs are kept for a while)")
         return job
 
     async def job(self, req: Request, p: dict[str, str]) -> Answer:
@@ -218,10 +242,8 @@ class Router:
 
     async def service_logs(self, req: Request, p: dict[str, str]) -> Answer:
         _check_query(req, {"lines"})
-        raw = req.query.get("lines", "100")
-        if not raw.isdigit() or not 1 <= int(raw) <= 100_000:
-            raise Problem("bad_request", f"lines must be a number from 1 to 100000, not {raw!r}")
+        count = _number(req.query.get("lines", "100"), "lines", 1, 100_000)
         name = validate_name(p["name"])
         sup = self.daemon.env.supervisor
-        lines = await trio.to_thread.run_sync(sup.logs, name, int(raw))
+        lines = await trio.to_thread.run_sync(sup.logs, name, count)
         return json_response({"name": name, "lines": lines})

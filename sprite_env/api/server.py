@@ -2,13 +2,16 @@
 
 h11 does all the parsing; this module feeds it bytes and enforces what h11 leaves to the
 server: a body size limit, a deadline for a request to arrive whole (a client that never
-finishes sending is dropped with 408), keep-alive, ``Expect: 100-continue``, and streamed
-responses (chunked) whose writer may vanish at any moment without harming the producer.
+finishes sending is dropped with 408), keep-alive, ``Expect: 100-continue``, ``HEAD`` (the
+``GET`` answer's head), and streamed responses (chunked) whose writer may vanish at any
+moment without harming the producer. How many connections are served at once, and which
+idle one is closed to make room, is ``connections.py``'s.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import grp
 import http
 import logging
@@ -23,6 +26,7 @@ import h11
 import trio
 
 from sprite_env import __version__
+from sprite_env.api.connections import ConnectionTable, Slot, peer_of
 from sprite_env.api.problems import Problem, problem_for
 
 log = logging.getLogger(__name__)
@@ -32,8 +36,17 @@ MAX_HEAD = 16 * 1024
 #: After an error answer, how long and how much of the rest of a request is read and dropped.
 LINGER_S = 2.0
 LINGER_BYTES = 16 << 20
-#: Connections served at once; more wait in the listen backlog.
-MAX_CONNECTIONS = 256
+#: accept() errors that mean "out of descriptors or memory for now": the loop waits
+#: ``ACCEPT_BACKOFF_S`` and tries again, as trio's ``serve_listeners`` does, rather than
+#: ending the daemon (the pending connection stays in the backlog meanwhile).
+ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+ACCEPT_BACKOFF_S = 0.1
+#: At most one log line per this many seconds while accept keeps failing (10 a second).
+ACCEPT_LOG_EVERY_S = 10.0
+#: Connections refused at once (over their client's bound), each for at most
+#: ``REFUSE_LINGER_S``; more are closed without an answer.
+MAX_REFUSING = 16
+REFUSE_LINGER_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -89,12 +102,24 @@ class _ClientGone(Exception):
     pass
 
 
+#: h11's error hints for a malformed request -> the problem answered.
+_PROTOCOL_CODES = {413: "body_too_large", 431: "headers_too_large", 501: "not_implemented"}
+
+
 class _Connection:
-    def __init__(self, stream: trio.abc.Stream, handler: Handler, limits: Limits) -> None:
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        handler: Handler,
+        limits: Limits,
+        slot: Slot | None = None,
+    ) -> None:
         self.stream = stream
         self.handler = handler
         self.limits = limits
+        self.slot = slot or Slot(None)
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+        self.head_only = False  # answering HEAD: the head of the GET answer, no body
 
     async def _send(self, event: h11.Event) -> None:
         data = self.conn.send(event)
@@ -119,7 +144,8 @@ class _Connection:
 
     async def serve(self) -> None:
         try:
-            while await self._first_bytes() and await self._one_request():
+            while (request := await self._receive()) is not None:
+                await self._answer(request)
                 if self.conn.our_state is not h11.DONE or self.conn.their_state is not h11.DONE:
                     return  # MUST_CLOSE (HTTP/1.0, "Connection: close") or a broken exchange
                 self.conn.start_next_cycle()
@@ -130,6 +156,15 @@ class _Connection:
         finally:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await self.stream.aclose()
+
+    async def _receive(self) -> Request | None:
+        """The next request, read whole; None when the connection must end: the client
+        left or sent a request that could not be read (answered with its problem), or
+        the connection was closed to make room (``connections.py``: it was idle)."""
+        self.head_only = False
+        with self.slot.idle():
+            request = await self._read_in_time() if await self._first_bytes() else None
+        return None if self.slot.evicted else request
 
     async def _first_bytes(self) -> bool:
         """Waits (at most the idle timeout) for the next request to begin."""
@@ -144,26 +179,24 @@ class _Connection:
             return bool(data)
         return False
 
-    async def _one_request(self) -> bool:
-        """Reads one request, answers it; False when the connection must end."""
+    async def _read_in_time(self) -> Request | None:
+        """Reads one request within the request timeout; None (answered if possible) when
+        it cannot be read."""
         try:
             with trio.fail_after(self.limits.request_timeout):
-                request = await self._read_request()
+                return await self._read_request()
         except trio.TooSlowError:
             self._give_up_reading()
             await self._answer_problem(Problem("request_timeout", "request not received in time"))
-            return False
         except h11.RemoteProtocolError as e:
-            status = e.error_status_hint
-            code = "body_too_large" if status == 413 else "bad_request"
-            await self._answer_problem(Problem(code, f"malformed request: {e}"), status)
-            return False
+            code = _PROTOCOL_CODES.get(e.error_status_hint, "bad_request")
+            await self._answer_problem(Problem(code, f"malformed request: {e}"))
         except Problem as p:  # a body over the limit: answered, then closed
             self._give_up_reading()
             await self._answer_problem(p)
-            return False
-        if request is None:
-            return False
+        return None
+
+    async def _answer(self, request: Request) -> None:
         try:
             response = await self.handler(request)
         except Exception as e:  # a handler's failure is the client's answer, not our crash
@@ -175,13 +208,13 @@ class _Connection:
             await self._stream(response)
         else:
             await self._respond(response)
-        return True
 
     async def _read_request(self) -> Request | None:
         event = await self._next_event()
         if isinstance(event, h11.ConnectionClosed):
             return None
         assert isinstance(event, h11.Request), event
+        self.head_only = event.method == b"HEAD"  # as h11 frames it (methods are case-sensitive)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in event.headers}
         length = headers.get("content-length")
         limit = self.limits.max_body
@@ -232,17 +265,16 @@ class _Connection:
         await self._send(
             h11.Response(status_code=r.status, headers=headers, reason=_reason(r.status))
         )
-        await self._send(h11.Data(data=r.body))
+        if not self.head_only:
+            await self._send(h11.Data(data=r.body))
         await self._send(h11.EndOfMessage())
 
-    async def _answer_problem(self, p: Problem, status: int | None = None) -> None:
+    async def _answer_problem(self, p: Problem) -> None:
         """Answers an unreadable request, then drains what the client still sends for a
         moment: closing on unread data would reset the connection, and the client would
         never read the answer."""
         with contextlib.suppress(_ClientGone, h11.LocalProtocolError):
-            await self._respond(
-                Response(status or p.status, p.body(), headers=[("connection", "close")])
-            )
+            await self._respond(Response(p.status, p.body(), headers=[("connection", "close")]))
         with trio.move_on_after(LINGER_S), contextlib.suppress(Exception):
             await self.stream.send_eof()  # type: ignore[attr-defined]
             drained = 0
@@ -258,8 +290,9 @@ class _Connection:
             await self._send(
                 h11.Response(status_code=r.status, headers=headers, reason=_reason(r.status))
             )
-            async for line in r.lines:
-                await self._send(h11.Data(data=line))
+            if not self.head_only:
+                async for line in r.lines:
+                    await self._send(h11.Data(data=line))
             await self._send(h11.EndOfMessage())
         finally:
             aclose = getattr(r.lines, "aclose", None)
@@ -268,9 +301,108 @@ class _Connection:
                     await aclose()
 
 
-async def handle(stream: trio.abc.Stream, handler: Handler, limits: Limits | None = None) -> None:
-    """Serves every request that arrives on one connection."""
-    await _Connection(stream, handler, limits or Limits()).serve()
+async def handle(
+    stream: trio.abc.Stream,
+    handler: Handler,
+    limits: Limits | None = None,
+    slot: Slot | None = None,
+) -> None:
+    """Serves every request that arrives on one connection (until ``slot`` is evicted)."""
+    await _Connection(stream, handler, limits or Limits(), slot).serve()
+
+
+async def serve_listener(
+    listener: trio.abc.Listener[trio.abc.Stream],
+    handler: Handler,
+    *,
+    limits: Limits | None = None,
+    table: ConnectionTable | None = None,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Accepts connections on ``listener`` and serves each until cancelled, within the
+    bounds of ``table`` (see ``connections.py``).
+
+    Error handling:
+        accept() errors in :data:`ACCEPT_CAPACITY_ERRNOS` (out of descriptors or memory)
+        close the longest-idle connection, if any, and are retried every
+        :data:`ACCEPT_BACKOFF_S`, logged at most every :data:`ACCEPT_LOG_EVERY_S`; any
+        other error ends the loop. A connection over its client's bound, with none of the
+        client's connections idle, is answered 503 ``busy`` and closed.
+    """
+    table = table if table is not None else ConnectionTable()
+    refusing = 0
+    failures = 0
+    logged_at = -ACCEPT_LOG_EVERY_S
+
+    async def serve_one(stream: trio.abc.Stream, slot: Slot) -> None:
+        try:
+            await handle(stream, handler, limits, slot)
+        finally:
+            table.release(slot)
+
+    async def refuse(stream: trio.abc.Stream, message: str) -> None:
+        nonlocal refusing
+        refusing += 1
+        try:
+            with trio.move_on_after(REFUSE_LINGER_S), contextlib.suppress(Exception):
+                await stream.send_all(_raw_problem(Problem("busy", message)))
+                await stream.send_eof()  # type: ignore[attr-defined]
+                while await stream.receive_some(65536):  # (closing on unread data resets)
+                    pass
+        finally:
+            refusing -= 1
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        task_status.started()
+        while True:
+            await table.wait_for_room()
+            try:
+                stream = await listener.accept()
+            except OSError as e:
+                if e.errno not in ACCEPT_CAPACITY_ERRNOS:
+                    raise
+                failures += 1
+                if trio.current_time() - logged_at >= ACCEPT_LOG_EVERY_S:
+                    logged_at = trio.current_time()
+                    log.warning(
+                        "accept: %s (%s); retrying every %.1f s (%d failures so far)",
+                        errno.errorcode[e.errno],
+                        os.strerror(e.errno),
+                        ACCEPT_BACKOFF_S,
+                        failures,
+                    )
+                table.evict_idle(lambda s: True)  # its descriptor is the one a new client needs
+                await trio.sleep(ACCEPT_BACKOFF_S)
+                continue
+            peer = peer_of(stream)
+            slot = table.admit(peer)
+            if slot is not None:
+                nursery.start_soon(serve_one, stream, slot)
+            elif refusing < MAX_REFUSING:
+                assert peer is not None  # only a known client has bounds of its own
+                nursery.start_soon(
+                    refuse,
+                    stream,
+                    f"too many connections at once from process {peer.pid} (user {peer.uid}): "
+                    f"at most {table.per_pid} per process and {table.per_uid} per user; "
+                    "close some, or retry",
+                )
+            else:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await stream.aclose()
+
+
+def _raw_problem(p: Problem) -> bytes:
+    """A whole HTTP answer for a connection that sent no request (h11 answers only one)."""
+    body = p.body()
+    head = (
+        f"HTTP/1.1 {p.status} {_reason(p.status).decode()}\r\n"
+        f"content-type: application/json\r\nserver: {SERVER.decode()}\r\n"
+        f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
 
 
 def bind_unix_socket(path: str, *, group: str | None = None) -> trio.socket.SocketType:
@@ -296,7 +428,9 @@ def bind_unix_socket(path: str, *, group: str | None = None) -> trio.socket.Sock
             raise ValueError(f"unknown group {group!r}") from None
         os.chown(path, -1, gid)
         os.chmod(path, 0o660)
-    sock.listen(128)
+    # Connections wait here while the accept loop makes room (connections.py); a client
+    # whose connect finds the backlog full gets EAGAIN (the CLI's client then retries).
+    sock.listen(1024)
     return trio.socket.from_stdlib_socket(sock)
 
 
@@ -311,21 +445,8 @@ async def serve_unix(
     """Serves ``handler`` on a Unix socket at ``path`` until cancelled (then removes it)."""
     sock = bind_unix_socket(path, group=group)
     listener = trio.SocketListener(sock)
-    slots = trio.Semaphore(MAX_CONNECTIONS)  # taken before accept: excess waits in the backlog
-
-    async def one(stream: trio.abc.Stream) -> None:
-        try:
-            await handle(stream, handler, limits)
-        finally:
-            slots.release()
-
     try:
-        async with trio.open_nursery() as nursery:
-            task_status.started()
-            while True:
-                await slots.acquire()
-                stream = await listener.accept()
-                nursery.start_soon(one, stream)
+        await serve_listener(listener, handler, limits=limits, task_status=task_status)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)

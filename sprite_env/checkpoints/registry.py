@@ -46,7 +46,8 @@ class InvalidCheckpointId(UserError):
 
 
 def validate_id(cid: str) -> str:
-    if not (MANUAL_RE.match(cid) or AUTO_RE.match(cid)):
+    # fullmatch: "$" also matches before a final newline, so match() took "v0\n".
+    if not (MANUAL_RE.fullmatch(cid) or AUTO_RE.fullmatch(cid)):
         raise InvalidCheckpointId(cid)
     return cid
 

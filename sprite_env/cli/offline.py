@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from sprite_env.checkpoints import Engine
 from sprite_env.cli import render
-from sprite_env.cli.options import root_dir, store_dir
+from sprite_env.cli.options import actor, root_dir, store_dir
 from sprite_env.cli.progress import EventDisplay
-from sprite_env.client import resolve_actor
 from sprite_env.errors import UserError
 
 if TYPE_CHECKING:
@@ -31,7 +30,7 @@ def _engine(args: argparse.Namespace) -> Engine:
 
 
 def _created_by(args: argparse.Namespace) -> str:
-    return str(getattr(args, "created_by", None) or resolve_actor(args.actor))
+    return actor(args, getattr(args, "created_by", None))
 
 
 class _Progress:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sprite_env.cli import render
+from sprite_env.cli import options, render
 from sprite_env.cli.progress import EventDisplay
 from sprite_env.client import Client
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 def client(args: argparse.Namespace) -> Client:
     """The client the options ask for; says on stderr when it waits for the daemon."""
-    return Client(args.socket, actor=args.actor, notice=render.warn)
+    return Client(args.socket, actor=options.actor(args), notice=render.warn)
 
 
 def follow_hint(job: int) -> str:

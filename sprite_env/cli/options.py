@@ -83,3 +83,17 @@ def store_dir(args: argparse.Namespace) -> str:
     if args.store:
         return str(args.store)
     return os.path.join(root_dir(args), ".sprite", "store")
+
+
+def actor(args: argparse.Namespace, named: str | None = None) -> str:
+    """Who asks: ``named`` (a ``--created-by``), else ``--as``, else ``$SPRITE_ACTOR``, else
+    ``user``; checked as the daemon checks it, before anything is sent or written.
+
+    Raises:
+        InvalidActor: the name holds a control character, a line separator or a lone
+            surrogate (exit 2, like the daemon's ``invalid_actor``).
+    """
+    from sprite_env.client import resolve_actor
+    from sprite_env.daemon.activity import clean_actor
+
+    return clean_actor(named or resolve_actor(args.actor), "user")

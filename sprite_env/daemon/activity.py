@@ -42,6 +42,10 @@ _BLOCK = 64 << 10
 _RESERVED = frozenset({"time", "action", "id", "actor", "ok", "detail"})
 
 
+class InvalidActor(UserError):
+    code = "invalid_actor"  # read by the API's problem_for(): answered with 400
+
+
 def clean_actor(name: str | None, default: str) -> str:
     """Returns the actor name to record for ``name`` (an ``X-Sprite-Actor`` header).
 
@@ -49,15 +53,18 @@ def clean_actor(name: str | None, default: str) -> str:
     a missing or blank name becomes ``default``.
 
     Raises:
-        UserError: the name contains control characters (or line separators), which
-            could forge lines in a terminal or a log viewer.
+        InvalidActor: the name contains control characters (or line separators), which
+            could forge lines in a terminal or a log viewer, or lone surrogates.
     """
     if name is None:
         return default
     name = name.strip()
     bad = [c for c in name if unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp")]
     if bad:
-        raise UserError(f"invalid actor {name[:80]!r}: contains control character {bad[0]!r}")
+        raise InvalidActor(
+            f"invalid actor {name[:80]!r}: contains {bad[0]!r} (control characters, line "
+            "separators and lone surrogates are refused)"
+        )
     return name[:MAX_ACTOR].rstrip() or default
 
 
