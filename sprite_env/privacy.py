@@ -46,14 +46,25 @@ class AccessDenied(UserError):
     def __init__(self, what: str, path: str, error: OSError) -> None:
         where = error.filename if isinstance(error.filename, str) else path
         try:
-            owner = os.stat(path).st_uid
-        except OSError:
-            owner = 0
+            owner, verb, why = os.stat(path).st_uid, "open", "; it is private to its owner"
+        except OSError:  # missing: its parent refused the creation
+            owner, verb, why = _owner_of_parent(path), "create", ""
         who = "root" if owner == 0 else f"uid {owner}"
         super().__init__(
-            f"cannot open the {what} {path}: permission denied ({where}); it is private to "
-            f"its owner ({who}): run this command as {who}"
+            f"cannot {verb} the {what} {path}: permission denied ({where}){why}: run this "
+            f"command as {who}"
         )
+
+
+def _owner_of_parent(path: str) -> int:
+    parent = os.path.dirname(os.path.abspath(path))
+    while True:
+        try:
+            return os.stat(parent).st_uid
+        except OSError:
+            if parent == "/":
+                return 0
+            parent = os.path.dirname(parent)
 
 
 def make_dir(path: str, mode: int = DIR_MODE, gid: int = -1) -> int | None:

@@ -10,6 +10,7 @@ finish, take an automatic checkpoint if the layer changed, unmount the view, clo
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import grp
 import json
@@ -475,6 +476,8 @@ def _make_state_dir(state: str, socket_group: str | None) -> None:
     mode = 0o710 if gid != -1 else privacy.DIR_MODE
     try:
         before = privacy.make_dir(state, mode, gid)
+        if not os.access(state, os.R_OK | os.W_OK | os.X_OK):  # root's STATE, our uid not
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), state)
     except PermissionError as e:
         raise privacy.AccessDenied("state directory", state, e) from None
     if before is not None and before & ~mode & privacy.OPEN_BITS:

@@ -182,3 +182,20 @@ def test_an_unknown_socket_group_is_refused_before_anything_is_made(
     assert d.proc.wait(60) == 2
     assert "--socket-group: unknown group 'no-such-group-here'" in d.log()
     assert not os.path.exists(state)
+
+
+def test_another_user_cannot_run_a_daemon_on_roots_state(base: str, daemon_factory: Any) -> None:
+    need_nobody()
+    root = make_layer(base)
+    state = os.path.join(base, "state")
+    daemon_factory(root=root, state=state).stop()
+    for st in (state, os.path.join(base, "new-state")):  # root's, and one it cannot create
+        p = as_nobody(
+            [sys.executable, "-m", "sprite_env", "daemon", "--root", root, "--state", st]
+            + ["--auto-interval", "0"]
+        )
+        assert p.returncode == 2, p.stderr
+        assert "Traceback" not in p.stderr
+        assert f"the state directory {st}: permission denied" in p.stderr
+        assert p.stderr.rstrip().endswith("run this command as root"), p.stderr
+    assert not os.path.exists(os.path.join(base, "new-state"))

@@ -192,7 +192,7 @@ def test_non_root_check_and_export_fail_with_a_clear_message(base: str, old: boo
         assert p.returncode == AccessDenied.exit_code == 2, (args, p.stderr)
         assert "Traceback" not in p.stderr
         assert f"cannot open the store {store}: permission denied" in p.stderr, p.stderr
-        assert "private to its owner (root): run this command as root" in p.stderr
+        assert "it is private to its owner: run this command as root" in p.stderr
     assert not os.path.exists(os.path.join(dest, "secret"))
 
 
