@@ -9,14 +9,17 @@ Crash safety: a checkpoint exists once its row committed (with its objects and t
 files cache, in one transaction). A restore writes its intent first; an engine that opens
 with an intent pending finishes that restore before anything else. A delete marks a
 collection pending in the same transaction that removes the row; the next open finishes
-it.
+it. A collection that damage keeps from finishing never fails the delete or an open: it is
+reported and stays pending for a later delete (see :meth:`Engine.collect`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import sqlite3
 import time
 import unicodedata
 from collections.abc import Callable
@@ -25,10 +28,10 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sprite_env.checkpoints import registry
-from sprite_env.checkpoints.gc import mark
+from sprite_env.checkpoints.gc import reach
 from sprite_env.checkpoints.hashonly import HashOnlySink
 from sprite_env.checkpoints.registry import Checkpoint, Registry
-from sprite_env.errors import SnapshotError, UserError
+from sprite_env.errors import SnapshotError, SpriteError, StoreError, UserError
 from sprite_env.snapshot import dircache
 from sprite_env.snapshot.capture import CaptureResult, CaptureStats, Excludes, capture
 from sprite_env.snapshot.diff import Change, Difference, diff_trees
@@ -38,10 +41,14 @@ from sprite_env.store import ObjectKind, Store, open_store
 from sprite_env.store.faults import crashpoint
 from sprite_env.store.prune import PruneReport, plan_prune
 
+#: The command a damaged store's messages point to.
+CHECK_HINT = "sprite-env store check --read-data"
+
 if TYPE_CHECKING:
     from sprite_env.ids import ObjectId
 
 MAX_COMMENT = 4096
+log = logging.getLogger("sprite_env.engine")
 
 #: Called with a phase name ("capture", "restore", "prune") and its running counters.
 Progress = Callable[[str, Any], None]
@@ -67,11 +74,6 @@ def check_comment(comment: str) -> str:
     bad = [c for c in comment if unicodedata.category(c) == "Cc" and c not in "\t"]
     if bad:
         raise InvalidComment(f"comment contains control characters ({bad[0]!r})")
-    # A lone surrogate (JSON "\ud800") has no UTF-8 form: the commit would fail after
-    # the whole capture.
-    lone = [c for c in comment if unicodedata.category(c) == "Cs"]
-    if lone:
-        raise InvalidComment(f"comment contains a lone surrogate ({lone[0]!r})")
     return comment
 
 
@@ -82,6 +84,9 @@ class DeleteReport:
     objects_removed: int
     packs_deleted: int
     packs_written: int
+    #: Why space was not (fully) freed: the damage the collection met (issue 15). The
+    #: checkpoints are deleted all the same.
+    problems: list[str] = field(default_factory=list)
 
     @property
     def id(self) -> str | None:
@@ -89,6 +94,15 @@ class DeleteReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, **self.__dict__}
+
+
+@dataclass
+class CollectReport:
+    """What :meth:`Engine.collect` freed, and what kept it from freeing everything."""
+
+    prune: PruneReport
+    #: One line per problem, naming the checkpoint, object or pack; empty when it finished.
+    problems: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -164,6 +178,7 @@ class Engine:
             for d in [store_dir, *(exclude_dirs or [])]:
                 self.excludes.add_dir(d)
             self._bind_cache_to_root()
+            self._forget_lost()
             if resume:
                 self.resume_pending(progress)
         except BaseException:
@@ -248,6 +263,7 @@ class Engine:
         pause: Pause | None = None,
     ) -> Checkpoint | None:
         check_comment(comment)
+        self._forget_lost()  # before the files cache is loaded: it must not reuse lost data
         prewarmed = self.prewarm(progress) if pause is not None else 0
         cache = dircache.load(self.store.catalog)
         parent = self.registry.active()
@@ -296,6 +312,7 @@ class Engine:
         runs before taking its environment down for a restore, so that the undo
         checkpoint taken while it is down reads only what changed since. Returns the
         bytes it stored."""
+        self._forget_lost()
         with self.store.writer() as w:
             r = capture(
                 self.root,
@@ -404,8 +421,9 @@ class Engine:
 
     def resume_pending(self, progress: Progress | None = None) -> RestoreReport | None:
         """Finishes an interrupted delete's collection and an interrupted restore."""
-        if self.store.catalog.meta("gc_pending"):
-            self.collect()
+        pending_gc = self.store.catalog.meta("gc_pending")
+        if pending_gc:
+            self._resume_collection(pending_gc)
         intent = self.pending_restore()
         if intent is None:
             return None
@@ -427,15 +445,18 @@ class Engine:
         target = self.registry.get(cid)
         if os.listdir(dest):
             raise UserError(f"{dest} is not empty")
-        res = restore(
-            dest,
-            self.store.read,
-            self.store.read,
-            None,
-            target.top_tree,
-            progress=(lambda s: progress("restore", s)) if progress else None,
-            refresh_cache=False,
-        )
+        try:
+            res = restore(
+                dest,
+                self.store.read,
+                self.store.read,
+                None,
+                target.top_tree,
+                progress=(lambda s: progress("restore", s)) if progress else None,
+                refresh_cache=False,
+            )
+        except StoreError as e:  # lost or damaged objects: say whose
+            raise StoreError(f"checkpoint {cid} is damaged: {e} (see: {CHECK_HINT})") from None
         return res.stats
 
     # -- delete ----------------------------------------------------------------------------
@@ -457,24 +478,127 @@ class Engine:
             registry.set_meta(db, "gc_pending", "1")
         crashpoint("delete-after-row")
         rep = self.collect(progress)
+        p = rep.prune
         return DeleteReport(
-            list(cids), rep.bytes_freed, rep.objects_removed, rep.packs_deleted, rep.packs_written
+            list(cids),
+            p.bytes_freed,
+            p.objects_removed,
+            p.packs_deleted,
+            p.packs_written,
+            rep.problems,
         )
 
-    def collect(self, progress: Progress | None = None) -> PruneReport:
-        """Removes every object no checkpoint needs; returns what it freed."""
-        remaining = self.registry.all()
-        live = mark(self.store.read, [c.top_tree for c in remaining])
-        live.update(c.record for c in remaining if c.record is not None)
-        with self.store.catalog.transaction() as db:
-            dircache.purge_unreachable(db, live)
-        plan = plan_prune(self.store, live)
-        report = plan.execute(
-            self.store, progress=(lambda d, t: progress("prune", (d, t))) if progress else None
+    def collect(self, progress: Progress | None = None) -> CollectReport:
+        """Removes every object no checkpoint needs, as far as the store's state allows.
+
+        Error handling:
+            Damage never makes it raise (issue 15): a delete has already committed, and
+            the next open must work. An object marking cannot read keeps everything (see
+            below); a pack the prune cannot copy is kept and the rest goes on; an error
+            of the whole catalog abandons the prune (it rolls back). Each problem is in
+            the report and logged, and the collection stays pending (``gc_pending``
+            holds them) for the next delete to retry; opening does not retry it.
+        """
+        report = PruneReport()
+        problems: list[str] = []
+        try:
+            remaining = self.registry.all()
+            found = reach(self.store.read, [(c.id, c.top_tree) for c in remaining])
+            problems = found.problems()
+            if not found.complete:
+                # An unreadable tree's children are unknown: any object in the store may
+                # be one of them, so none is provably dead. Objects of other kinds cannot
+                # be told apart by the catalog either (a chunk is a chunk), so nothing is
+                # deleted at all until the damaged checkpoints are deleted or repaired.
+                problems.append("nothing was deleted: what the unreadable objects name is unknown")
+            else:
+                live = found.live | {c.record for c in remaining if c.record is not None}
+                with self.store.catalog.transaction() as db:
+                    dircache.purge_unreachable(db, live)
+                plan = plan_prune(self.store, live)
+                report = plan.execute(
+                    self.store,
+                    progress=(lambda d, t: progress("prune", (d, t))) if progress else None,
+                    skip_damaged=True,
+                )
+                problems += [f"pack {n} kept: {why}" for n, why in report.damaged_packs.items()]
+        except (SpriteError, sqlite3.DatabaseError, OSError) as e:
+            problems.append(f"the collection stopped: {e}")
+        self._end_collection(problems)
+        return CollectReport(report, problems)
+
+    def _end_collection(self, problems: list[str]) -> None:
+        """Clears ``gc_pending``, or records why the collection could not finish."""
+        value = None
+        if problems:
+            damaged = sorted(o.hex() for o in frozenset(self.store.damaged))
+            value = json.dumps({"problems": problems, "damaged": damaged})
+            log.warning("%s", self._collection_warning(problems))
+        try:
+            with self.store.catalog.transaction() as db:
+                registry.set_meta(db, "gc_pending", value)
+        except (SpriteError, sqlite3.DatabaseError) as e:  # still pending ("1"): retried
+            log.warning("store %s: cannot record the collection's end: %s", self.store.path, e)
+
+    def _collection_warning(self, problems: list[str]) -> str:
+        return (
+            f"store {self.store.path}: space not freed, the store is damaged: "
+            + "; ".join(problems)
+            + f". Run: {CHECK_HINT} --store {self.store.path}; a later delete retries the "
+            "collection, which can finish once the damaged checkpoints are deleted"
         )
-        with self.store.catalog.transaction() as db:
-            registry.set_meta(db, "gc_pending", None)
-        return report
+
+    def _resume_collection(self, pending: str) -> None:
+        """At open: finishes a collection a crash interrupted (``gc_pending`` is ``1``).
+
+        One that damage stopped (a JSON record of its problems) is not retried here: that
+        would cost a full marking at every open and fail the same way. It is reported, and
+        the objects it found damaged are not deduplicated against (see ``_forget_lost``);
+        the next delete retries it.
+        """
+        try:
+            record = json.loads(pending)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            self.collect()
+            return
+        from sprite_env.ids import ObjectId  # (imported for type checking only at the top)
+
+        for h in record.get("damaged", []):
+            with contextlib.suppress(ValueError, TypeError):
+                self.store.damaged.add(ObjectId(bytes.fromhex(h)))
+        log.warning("%s", self._collection_warning([str(p) for p in record.get("problems", [])]))
+
+    #: Damaged objects whose files-cache rows :meth:`_forget_lost` already dropped.
+    _cache_purged: frozenset[ObjectId] = frozenset()
+
+    def _forget_lost(self) -> None:
+        """Keeps a capture from deduplicating against data that is gone (issue 15).
+
+        Objects of packs whose file is missing or truncated leave the catalog (the store
+        logs what was lost), and the files-cache rows that would make a capture reuse those
+        objects, or objects a read found damaged, are dropped in the same transaction: the
+        next capture reads those directories afresh and stores the data again. Run at
+        open and before each capture; when nothing is lost it costs one query and a
+        ``stat`` per pack.
+        """
+        lost = self.store.lost_packs()
+        damaged = frozenset(self.store.damaged) - self._cache_purged
+        if not lost and not damaged:
+            return
+
+        def purge(db: sqlite3.Connection, gone: set[ObjectId]) -> None:
+            n = dircache.purge_referencing(db, self.store.read, gone | damaged)
+            if n:
+                log.info("files cache: %d directories will be read afresh", n)
+
+        if lost:
+            self.store.forget_lost(lost, purge)
+        else:
+            with self.store.catalog.transaction() as db:
+                purge(db, set())
+        self._cache_purged = self._cache_purged | damaged
 
 
 def _checkpoint(

@@ -3,11 +3,17 @@
 Marking walks tree objects only (and the chunk lists of large files, which live in
 metadata packs too), memoized by tree id, so a subtree shared by many checkpoints is read
 once and data packs are never read. The store's ``plan_prune`` does the rest.
+
+A damaged store (issue 15): :func:`reach` never raises for a tree or chunk list it cannot
+read or decode. Such an object stays live, and the result is marked incomplete: its
+children are unknown, so any object in the store might be one of them, and no object can
+be proved dead. The caller then deletes nothing (see ``Engine.collect``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sprite_env.errors import SpriteError
@@ -20,29 +26,110 @@ if TYPE_CHECKING:
 ReadObject = Callable[[ObjectId], bytes]
 
 
-def mark(read: ReadObject, tops: Iterable[ObjectId]) -> set[ObjectId]:
-    """Returns every object reachable from the top trees ``tops`` (themselves included)."""
-    live: set[ObjectId] = set()
-    stack = list(tops)
+@dataclass
+class Reachability:
+    """What :func:`reach` found."""
+
+    #: Every object reached, the unreadable ones included (they are kept, never judged).
+    live: set[ObjectId] = field(default_factory=set)
+    #: Trees and chunk lists that could not be read or decoded: id -> (the checkpoint
+    #: whose marking met it first, the error). Their children are unknown.
+    unreadable: dict[ObjectId, tuple[str, str]] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """True when every reached object was read: only then is the rest provably dead."""
+        return not self.unreadable
+
+    def problems(self) -> list[str]:
+        """One line per unreadable object, naming the checkpoint and the object."""
+        return [
+            f"checkpoint {cid}: object {oid.hex()[:16]} unreadable ({why})"
+            for oid, (cid, why) in self.unreadable.items()
+        ]
+
+
+def _mark_from(
+    read: ReadObject,
+    top: ObjectId,
+    live: set[ObjectId],
+    on_error: Callable[[ObjectId, SpriteError], None] | None,
+) -> None:
+    """Adds what ``top`` reaches to ``live``; an unreadable object goes to ``on_error``
+    (it stays in ``live``) or, without one, raises."""
+
+    def load(oid: ObjectId) -> bytes | None:
+        try:
+            return read(oid)
+        except SpriteError as e:
+            if on_error is None:
+                raise
+            on_error(oid, e)
+            return None
+
+    stack = [top]
     while stack:
         tree = stack.pop()
         if tree in live:
             continue
         live.add(tree)
-        for e in decode_tree(read(tree)):
-            if e.kind is Kind.DIR:
-                if e.subtree not in live:
-                    stack.append(e.subtree)
-            elif e.kind is Kind.FILE:
-                payload = e.payload
-                if e.indirect:
-                    clist = ObjectId(e.payload)
+        raw = load(tree)
+        try:
+            entries = decode_tree(raw) if raw is not None else []
+        except SpriteError as err:
+            if on_error is None:
+                raise
+            on_error(tree, err)
+            continue
+        for ent in entries:
+            if ent.kind is Kind.DIR:
+                if ent.subtree not in live:
+                    stack.append(ent.subtree)
+            elif ent.kind is Kind.FILE:
+                payload: bytes | None = ent.payload
+                if ent.indirect:
+                    clist = ObjectId(ent.payload)
                     if clist in live:
                         continue  # a hard-link sibling or a copy: its chunks are marked
                     live.add(clist)
-                    payload = read(clist)
-                live.update(oid for oid, _, _ in decode_chunks(payload) if oid is not None)
+                    payload = load(clist)
+                if payload is None:
+                    continue
+                try:
+                    live.update(oid for oid, _, _ in decode_chunks(payload) if oid is not None)
+                except SpriteError as err:
+                    if on_error is None:
+                        raise
+                    on_error(ObjectId(ent.payload) if ent.indirect else tree, err)
+
+
+def mark(read: ReadObject, tops: Iterable[ObjectId]) -> set[ObjectId]:
+    """Returns every object reachable from the top trees ``tops`` (themselves included).
+
+    Raises:
+        SpriteError: an object could not be read or decoded (see :func:`reach`).
+    """
+    live: set[ObjectId] = set()
+    for top in tops:
+        _mark_from(read, top, live, None)
     return live
+
+
+def reach(read: ReadObject, checkpoints: Iterable[tuple[str, ObjectId]]) -> Reachability:
+    """Like :func:`mark` over ``(checkpoint id, top tree)`` pairs, but never raises for
+    damage: see the module docstring.
+
+    A subtree shared by several checkpoints is read once, so an unreadable object is
+    named with the first checkpoint that met it (``verify`` checks each one apart).
+    """
+    out = Reachability()
+    for cid, top in checkpoints:
+
+        def note(oid: ObjectId, e: SpriteError, cid: str = cid) -> None:
+            out.unreadable.setdefault(oid, (cid, str(e)))
+
+        _mark_from(read, top, out.live, note)
+    return out
 
 
 def verify(store: Store) -> tuple[int, list[str]]:

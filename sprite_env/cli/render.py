@@ -183,7 +183,14 @@ def restored_line(cid: str | None, stats: dict[str, Any], undo: str | None) -> s
 
 
 def delete_line(rep: dict[str, Any]) -> str:
-    return f"Deleted {rep['id']}: {size(rep['bytes_freed'])} freed"
+    line = f"Deleted {rep['id']}: {size(rep['bytes_freed'])} freed"
+    problems = rep.get("problems") or []
+    if problems:  # the delete happened; the store's damage kept space from being freed
+        line += (
+            f"; space not fully freed, the store is damaged: {'; '.join(problems)}"
+            " (run: sprite-env store check --read-data)"
+        )
+    return line
 
 
 def activity_table(entries: Sequence[dict[str, Any]]) -> str:

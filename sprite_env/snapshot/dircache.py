@@ -23,12 +23,15 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sprite_env.errors import SpriteError
 from sprite_env.ids import ObjectId
+from sprite_env.snapshot.tree import Kind, decode_chunks, decode_tree
 
 if TYPE_CHECKING:
     import os
     import sqlite3
-    from collections.abc import Collection, Iterable
+    from collections.abc import Callable, Collection, Iterable
+    from collections.abc import Set as AbstractSet
 
     from sprite_env.store.catalog import Catalog
 
@@ -90,6 +93,44 @@ def purge_unreachable(db: sqlite3.Connection, live: Collection[bytes]) -> int:
     longer has, so this must commit before the prune does.
     """
     stale = [p for p, t in db.execute("SELECT path, tree FROM dircache") if bytes(t) not in live]
+    db.executemany("DELETE FROM dircache WHERE path=?", ((p,) for p in stale))
+    return len(stale)
+
+
+def purge_referencing(
+    db: sqlite3.Connection, read: Callable[[ObjectId], bytes], bad: AbstractSet[bytes]
+) -> int:
+    """Drops rows that would make a capture reuse an object in ``bad`` (lost with its pack,
+    or damaged): a row whose tree is bad, or whose tree names a bad subtree, chunk list or
+    chunk, or whose tree (or a chunk list in it) cannot be read. The directory is then
+    read afresh by the next capture, which stores that data again (issue 15). A dropped
+    directory's parents need nothing: its tree id comes out of that capture anew. Reads
+    each cached tree once (one per directory of the layer).
+
+    Returns:
+        The number of rows dropped.
+    """
+    if not bad:
+        return 0
+
+    def refers(tree: ObjectId) -> bool:
+        if tree in bad:
+            return True
+        try:
+            for e in decode_tree(read(tree)):
+                if e.kind is Kind.DIR and e.payload in bad:
+                    return True
+                if e.kind is Kind.FILE:
+                    if e.indirect and e.payload in bad:
+                        return True
+                    raw = read(ObjectId(e.payload)) if e.indirect else e.payload
+                    if any(oid in bad for oid, _, _ in decode_chunks(raw) if oid is not None):
+                        return True
+        except SpriteError:
+            return True  # cannot vouch for it: the capture re-reads the directory
+        return False
+
+    stale = [p for p, t in db.execute("SELECT path, tree FROM dircache") if refers(ObjectId(t))]
     db.executemany("DELETE FROM dircache WHERE path=?", ((p,) for p in stale))
     return len(stale)
 

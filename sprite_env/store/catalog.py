@@ -29,7 +29,10 @@ files INTEGER, dirs INTEGER, bytes INTEGER, bytes_added INTEGER, warnings TEXT)`
     (inode, ctime, size, mtime) at that moment (see ``snapshot/dircache.py``).
 ``meta`` keys of this layer: ``next_seq`` (v-numbers are never reused), ``active`` (the
 checkpoint last created or restored), ``restore_intent`` (JSON, present while a restore is
-unfinished).
+unfinished), ``gc_pending`` (present while a delete's collection is unfinished: ``1`` from
+the delete's transaction until the collection ends, or JSON ``{"problems": [lines],
+"damaged": [object ids in hex]}`` when damage kept it from finishing; see
+``Engine.collect``).
 
 Invariants: an object row exists only if its pack row exists and the pack file was made
 durable before the transaction that inserted both committed. A pack file with no row is
@@ -43,6 +46,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -294,11 +298,19 @@ class _Transaction:
 
 
 def insert_pack(
-    db: sqlite3.Connection, name: PackName, pack_class: int, size: int, entries: list[Entry]
+    db: sqlite3.Connection,
+    name: PackName,
+    pack_class: int,
+    size: int,
+    entries: list[Entry],
+    *,
+    replacing: AbstractSet[ObjectId] = frozenset(),
 ) -> int:
     """Inserts one pack and its objects inside an open transaction; returns the pack row id.
 
-    Objects already in the catalog (a duplicate written by a racing put) keep their old row.
+    Objects already in the catalog (a duplicate written by a racing put) keep their old row,
+    except those in ``replacing``: fresh copies of objects whose old copy is damaged, whose
+    rows move to this pack (the old bytes become garbage of their pack, as after a prune).
     """
     cur = db.execute(
         "INSERT INTO packs(name, class, size, objects) VALUES (?,?,?,?)",
@@ -311,7 +323,43 @@ def insert_pack(
         "VALUES (?,?,?,?,?,?,?)",
         ((e.id, pack_id, e.offset, e.stored_len, e.raw_len, e.kind, e.codec) for e in entries),
     )
+    if replacing:
+        db.executemany(
+            "UPDATE objects SET pack=?, offset=?, stored_len=?, raw_len=?, kind=?, codec=? "
+            "WHERE id=?",
+            (
+                (pack_id, e.offset, e.stored_len, e.raw_len, e.kind, e.codec, e.id)
+                for e in entries
+                if e.id in replacing
+            ),
+        )
     return int(pack_id)
+
+
+def delete_packs(db: sqlite3.Connection, pack_ids: Iterable[int]) -> set[ObjectId]:
+    """Deletes pack rows and the rows of their objects inside an open transaction (for
+    packs whose file is lost); returns the ids of the objects deleted."""
+    lost: set[ObjectId] = set()
+    for pid in pack_ids:
+        rows = db.execute("SELECT id FROM objects WHERE pack=?", (pid,)).fetchall()
+        lost.update(ObjectId(bytes(r[0])) for r in rows)
+        db.execute("DELETE FROM objects WHERE pack=?", (pid,))
+        db.execute("DELETE FROM packs WHERE id=?", (pid,))
+    return lost
+
+
+def delete_objects_past(
+    db: sqlite3.Connection, pack_id: int, size: int, header: int
+) -> set[ObjectId]:
+    """Deletes the rows of a pack's objects whose entry (``header`` bytes, then the stored
+    bytes) ends past ``size`` (a truncated pack) inside an open transaction; returns their
+    ids."""
+    rows = db.execute(
+        "SELECT id FROM objects WHERE pack=? AND offset + ? + stored_len > ?",
+        (pack_id, header, size),
+    ).fetchall()
+    db.executemany("DELETE FROM objects WHERE id=?", rows)
+    return {ObjectId(bytes(r[0])) for r in rows}
 
 
 def add_meta_counter(db: sqlite3.Connection, key: str, delta: int) -> None:
@@ -323,4 +371,13 @@ def add_meta_counter(db: sqlite3.Connection, key: str, delta: int) -> None:
 
 
 CommitHook = Callable[[sqlite3.Connection], None]
-__all__ = ["Catalog", "CommitHook", "Located", "PackRow", "add_meta_counter", "insert_pack"]
+__all__ = [
+    "Catalog",
+    "CommitHook",
+    "Located",
+    "PackRow",
+    "add_meta_counter",
+    "delete_objects_past",
+    "delete_packs",
+    "insert_pack",
+]

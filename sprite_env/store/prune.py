@@ -47,6 +47,15 @@ computing it and executing the plan (a ``put`` of an object the store already ha
 nothing, so a snapshot written in between could refer to an object the plan thinks dead).
 ``execute`` refuses a plan whose catalog changed since it was made, but it cannot see a
 commit that only re-referenced existing objects; the caller serializes prune and writes.
+
+Damage (issue 15): a pack to rewrite that cannot be copied (missing, truncated, an entry
+header that disagrees with the catalog, or catalog rows that disagree with each other)
+stops the prune before any change, unless ``execute`` is given ``skip_damaged``: then that
+pack is kept as it is (its dead rows are still dropped, as for any kept pack), the object
+that failed is added to ``Store.damaged`` (so the next write stores it afresh), the pack is
+named in ``PruneReport.damaged_packs``, and the rest of the plan goes on. Errors that
+concern the whole catalog (a plan gone stale, row counts that disagree at the commit)
+still raise, after rolling back: nothing is changed then.
 """
 
 from __future__ import annotations
@@ -57,7 +66,7 @@ import os
 import time
 from collections.abc import Callable, Collection
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from sprite_env.errors import CorruptPack, StoreError
@@ -152,10 +161,15 @@ class PrunePlan:
         return not (self.objects_dead or self.delete or self.rewrite)
 
     def execute(
-        self, store: Store, progress: Progress | None = None, hook: CommitHook | None = None
+        self,
+        store: Store,
+        progress: Progress | None = None,
+        hook: CommitHook | None = None,
+        *,
+        skip_damaged: bool = False,
     ) -> PruneReport:
         """Carries the plan out; see :func:`execute_prune`."""
-        return execute_prune(store, self, progress, hook)
+        return execute_prune(store, self, progress, hook, skip_damaged=skip_damaged)
 
 
 @dataclass
@@ -171,6 +185,9 @@ class PruneReport:
     pack_bytes_before: int = 0
     pack_bytes_after: int = 0
     seconds: float = 0.0
+    #: Packs the plan would have rewritten but that could not be read (``skip_damaged``):
+    #: kept as they are. Name -> why.
+    damaged_packs: dict[PackName, str] = field(default_factory=dict)
 
     @property
     def bytes_freed(self) -> int:
@@ -332,9 +349,53 @@ def _check_current(store: Store, plan: PrunePlan) -> None:
         raise StoreError("the store changed since the prune was planned; plan again")
 
 
-def _write_new_packs(store: Store, plan: PrunePlan, progress: Progress | None) -> list[_NewPack]:
-    """Copies the live objects of the rewritten packs into new published packs."""
+def _live_entries(
+    store: Store, u: PackUsage, dead: AbstractSet[ObjectId]
+) -> list[tuple[Entry, bytes]]:
+    """A rewritten pack's live objects with their stored payloads, each checked against its
+    catalog row. All are read before any is copied, so a pack that fails part-way adds
+    nothing to the new packs (``skip_damaged`` keeps it whole); a pack is ~32 MiB, so this
+    holds at most about that much.
+
+    Raises:
+        CorruptPack: the pack is missing or an object is not where the catalog says
+            (that object is added to ``store.damaged``).
+    """
+    live = [e for e in store.catalog.objects_in_pack(u.pack.id) if e.id not in dead]
+    if len(live) != u.live_objects:
+        # Two catalog queries disagree about this pack (a damaged index, or a writer).
+        raise CorruptPack(
+            u.pack.name,
+            None,
+            f"the catalog lists {len(live)} live objects, planned {u.live_objects}",
+        )
+    try:
+        fd = os.open(pack_path(store.packs_dir, u.pack.name), os.O_RDONLY)
+    except FileNotFoundError:
+        raise CorruptPack(u.pack.name, None, "pack file is missing") from None
+    try:
+        out = []
+        for e in live:
+            try:
+                out.append((e, _read_entry(fd, u.pack.name, e)))
+            except CorruptPack:
+                store.damaged.add(e.id)
+                raise
+        return out
+    finally:
+        os.close(fd)
+
+
+def _write_new_packs(
+    store: Store, plan: PrunePlan, progress: Progress | None, skip_damaged: bool
+) -> tuple[list[_NewPack], dict[int, str]]:
+    """Copies the live objects of the rewritten packs into new published packs.
+
+    Returns:
+        The new packs, and the rewritten packs skipped as damaged (catalog id -> why).
+    """
     written: list[_NewPack] = []
+    skipped: dict[int, str] = {}
     w: PackWriter | None = None
     copied = 0
 
@@ -346,27 +407,23 @@ def _write_new_packs(store: Store, plan: PrunePlan, progress: Progress | None) -
         for cls in sorted({u.pack.pack_class for u in plan.rewrite}):
             for u in (u for u in plan.rewrite if u.pack.pack_class == cls):
                 dead = set(plan.dead_by_pack.get(u.pack.id, ()))
-                live = [e for e in store.catalog.objects_in_pack(u.pack.id) if e.id not in dead]
-                if len(live) != u.live_objects:
-                    raise StoreError("the store changed since the prune was planned; plan again")
                 try:
-                    fd = os.open(pack_path(store.packs_dir, u.pack.name), os.O_RDONLY)
-                except FileNotFoundError:
-                    raise CorruptPack(u.pack.name, None, "pack file is missing") from None
-                try:
-                    for e in live:
-                        payload = _read_entry(fd, u.pack.name, e)
-                        if w is None:
-                            w = PackWriter(store.tmp_dir, cls)
-                        w.add(e.id, e.kind, e.codec, payload, e.raw_len)
-                        copied += ENTRY.size + e.stored_len
-                        if w.size >= plan.target_pack_size:
-                            finish(w)
-                            w = None
-                        if progress:
-                            progress(copied, plan.bytes_to_copy)
-                finally:
-                    os.close(fd)
+                    live = _live_entries(store, u, dead)
+                except CorruptPack as err:
+                    if not skip_damaged:
+                        raise
+                    skipped[u.pack.id] = err.reason
+                    continue
+                for e, payload in live:
+                    if w is None:
+                        w = PackWriter(store.tmp_dir, cls)
+                    w.add(e.id, e.kind, e.codec, payload, e.raw_len)
+                    copied += ENTRY.size + e.stored_len
+                    if w.size >= plan.target_pack_size:
+                        finish(w)
+                        w = None
+                    if progress:
+                        progress(copied, plan.bytes_to_copy)
             if w is not None:
                 finish(w)
                 w = None
@@ -375,7 +432,7 @@ def _write_new_packs(store: Store, plan: PrunePlan, progress: Progress | None) -
             w.abort()
         _discard(store, written)
         raise
-    return written
+    return written, skipped
 
 
 def _discard(store: Store, written: list[_NewPack]) -> None:
@@ -435,6 +492,8 @@ def execute_prune(
     plan: PrunePlan,
     progress: Progress | None = None,
     hook: CommitHook | None = None,
+    *,
+    skip_damaged: bool = False,
 ) -> PruneReport:
     """Carries out a plan made by :func:`plan_prune` on the same, unchanged store.
 
@@ -445,10 +504,14 @@ def execute_prune(
         hook: called with the open transaction's connection, to change rows that must
             commit together with the prune (e.g. drop cache rows naming dead trees). It is
             not called when the plan has nothing to do.
+        skip_damaged: keep a pack to rewrite that cannot be copied, and go on (see the
+            module docstring); its name and why are in the report's ``damaged_packs``.
 
     Raises:
-        StoreError: the store is read-only, or it changed since the plan was made.
-        CorruptPack: an object to copy is not where the catalog says; nothing is changed.
+        StoreError: the store is read-only, or it changed since the plan was made, or the
+            catalog's row counts disagree at the commit; nothing is changed.
+        CorruptPack: (without ``skip_damaged``) an object to copy is not where the catalog
+            says; nothing is changed.
     """
     if not store.writable:
         raise StoreError("prune needs the store open for writing")
@@ -460,7 +523,16 @@ def execute_prune(
         report.seconds = time.monotonic() - t0
         return report
 
-    written = _write_new_packs(store, plan, progress)
+    written, skipped = _write_new_packs(store, plan, progress, skip_damaged)
+    if skipped:  # the damaged packs stay: as kept packs, only their dead rows go
+        plan = replace(
+            plan,
+            rewrite=[u for u in plan.rewrite if u.pack.id not in skipped],
+            keep=plan.keep + [u for u in plan.rewrite if u.pack.id in skipped],
+        )
+        report.damaged_packs = {
+            u.pack.name: skipped[u.pack.id] for u in plan.keep if u.pack.id in skipped
+        }
     crashpoint("prune-after-write")
     try:
         removed = _commit(store, plan, written, hook)

@@ -22,6 +22,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -33,9 +34,19 @@ from sprite_env import privacy
 from sprite_env.errors import CorruptPack, NotAStore, ObjectNotFound, StoreError, StoreLocked
 from sprite_env.ids import ObjectId, PackName
 from sprite_env.store import codec
-from sprite_env.store.catalog import Catalog, CommitHook, Located, add_meta_counter, insert_pack
+from sprite_env.store.catalog import (
+    Catalog,
+    CommitHook,
+    Located,
+    PackRow,
+    add_meta_counter,
+    delete_objects_past,
+    delete_packs,
+    insert_pack,
+)
 from sprite_env.store.faults import crashpoint
 from sprite_env.store.pack import (
+    ENTRY,
     TARGET_PACK_SIZE,
     Entry,
     ObjectKind,
@@ -46,7 +57,13 @@ from sprite_env.store.pack import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    import sqlite3
+    from collections.abc import Callable, Iterable, Iterator
+
+    #: Called inside the transaction that forgets lost packs, with the lost object ids.
+    LostHook = Callable[[sqlite3.Connection, set[ObjectId]], None]
+
+log = logging.getLogger(__name__)
 
 FORMAT = 1
 MARKER = "sprite-store.json"
@@ -56,6 +73,14 @@ BATCH_BYTES = 1 << 20
 BATCH_OBJECTS = 64
 #: Ids per catalog query of :meth:`Store.locate_many` (SQLite allows 32,766 parameters).
 LOCATE_BATCH = 500
+
+
+@dataclass(frozen=True, slots=True)
+class LostPack:
+    """A pack whose file is gone (``size`` None) or shorter than its catalog row says."""
+
+    pack: PackRow
+    size: int | None
 
 
 @dataclass
@@ -84,6 +109,9 @@ class Store:
         self._lock_fd = -1
         self._fds: OrderedDict[str, list[int]] = OrderedDict()  # name -> [fd, users]
         self._fd_lock = threading.Lock()
+        #: Objects whose catalog row led a read to bad bytes (hash, decode, header, short):
+        #: a writer stores such an object afresh instead of deduplicating against it.
+        self.damaged: set[ObjectId] = set()
         self._init_or_validate(create)
         self._take_lock()
         try:
@@ -330,19 +358,112 @@ class Store:
             os.close(fd)
 
     def read_entry(self, pack: PackName, entry: Entry, *, verify: bool = True) -> bytes:
-        """Reads an object whose location is known (see :meth:`read`)."""
+        """Reads an object whose location is known (see :meth:`read`).
+
+        Error handling:
+            Bad bytes at the object's place (a short read, a header or hash that does not
+            match, a payload that does not decode) add it to :attr:`damaged`; a missing
+            pack does not (see :meth:`lost_packs`).
+        """
         try:
-            with self._pack_fd(pack) as fd:
-                payload = read_payload(fd, pack, entry)
-        except OSError as e:
-            raise CorruptPack(pack, entry.offset, f"read failed: {e}") from None
-        try:
-            data = codec.decode(entry.codec, payload, entry.raw_len)
-        except ValueError as e:
-            raise CorruptPack(pack, entry.offset, f"object {entry.id.hex()[:16]}: {e}") from None
-        if verify and codec.object_id(data) != entry.id:
-            raise CorruptPack(pack, entry.offset, f"object {entry.id.hex()[:16]}: hash mismatch")
+            try:
+                with self._pack_fd(pack) as fd:
+                    payload = read_payload(fd, pack, entry)
+            except OSError as e:
+                raise CorruptPack(pack, entry.offset, f"read failed: {e}") from None
+            try:
+                data = codec.decode(entry.codec, payload, entry.raw_len)
+            except ValueError as e:
+                raise CorruptPack(
+                    pack, entry.offset, f"object {entry.id.hex()[:16]}: {e}"
+                ) from None
+            if verify and codec.object_id(data) != entry.id:
+                raise CorruptPack(
+                    pack, entry.offset, f"object {entry.id.hex()[:16]}: hash mismatch"
+                )
+        except CorruptPack as e:
+            if e.offset is not None:
+                self.damaged.add(entry.id)
+            raise
         return data
+
+    # -- lost packs --------------------------------------------------------------------
+
+    def lost_packs(self) -> list[LostPack]:
+        """Packs the catalog lists whose file is gone or shorter than the catalog says (one
+        ``stat`` per pack: cheap next to a capture).
+
+        Nothing in the store's own protocol leaves such a pack: a pack file is durable
+        before its row commits, and a prune deletes the row before the file. So this is
+        data loss, and the objects past the file's end can never be read again.
+        """
+        out = []
+        for p in self.catalog.packs():
+            try:
+                size: int | None = os.stat(pack_path(self.packs_dir, p.name)).st_size
+            except FileNotFoundError:
+                size = None
+            if size is None or size < p.size:
+                out.append(LostPack(p, size))
+        return out
+
+    def forget_lost(self, packs: Iterable[LostPack], hook: LostHook | None = None) -> set[ObjectId]:
+        """Removes lost data from the catalog, in one transaction: a missing pack's row and
+        its objects' rows, a truncated pack's objects that end past the file's end. So
+        ``has`` is false for them, and the next write stores them again instead of
+        deduplicating against bytes that are gone (issue 15). Each loss is logged.
+
+        Args:
+            packs: from :meth:`lost_packs` (looked at again here: a pack back whole is
+                left alone).
+            hook: called inside the transaction with the connection and the lost object
+                ids (perhaps none), to drop rows of upper layers that refer to them (the
+                files cache).
+
+        Returns:
+            The ids of the objects that left the catalog.
+        """
+        if not self.writable:
+            return set()
+        lost: set[ObjectId] = set()
+        said = []
+        with self.catalog.transaction() as db:
+            for lp in packs:
+                p = lp.pack
+                try:
+                    size: int | None = os.stat(pack_path(self.packs_dir, p.name)).st_size
+                except FileNotFoundError:
+                    size = None
+                if size is None:
+                    ids = delete_packs(db, [p.id])
+                    said.append(f"pack {p.name} is missing: its {len(ids)} objects are lost")
+                elif size < p.size:
+                    # The pack row stays (with the size it should have, so ``check`` keeps
+                    # reporting it) until a prune rewrites what is left of it.
+                    ids = delete_objects_past(db, p.id, size, ENTRY.size)
+                    if ids:
+                        said.append(
+                            f"pack {p.name} is truncated ({size} of {p.size} bytes): "
+                            f"{len(ids)} objects past its end are lost"
+                        )
+                else:
+                    continue
+                lost |= ids
+            if hook is not None:
+                hook(db, lost)
+        self.catalog.forget_pack_names()
+        for lp in packs:
+            self.forget_pack(lp.pack.name)
+        for line in said:
+            log.warning(
+                "store %s: %s and left the catalog; checkpoints that used them are damaged "
+                "(sprite-env store check --store %s names them), new checkpoints store that "
+                "data again",
+                self.path,
+                line,
+                self.path,
+            )
+        return lost
 
     def has(self, oid: ObjectId) -> bool:
         return self.catalog.has(oid)
@@ -450,7 +571,7 @@ class StoreWriter:
             self._uncounted_offered += n
             if oid in self._pending:
                 return False
-        if self.store.catalog.has(oid):
+        if self.store.catalog.has(oid) and oid not in self.store.damaged:
             return False
         with self._lock:
             if oid in self._pending:
@@ -532,15 +653,18 @@ class StoreWriter:
         """
         self.flush()
         crashpoint("catalog-before-commit")
+        damaged = frozenset(self.store.damaged)  # a copy: readers add to it meanwhile
         with self.store.catalog.transaction() as db:
             for name, cls, size, entries in self._finished:
-                insert_pack(db, name, cls, size, entries)
+                insert_pack(db, name, cls, size, entries, replacing=damaged)
             crashpoint("catalog-mid-commit")
             add_meta_counter(db, "ingested_bytes", self._uncounted_offered)
             if hook is not None:
                 hook(db)
         crashpoint("catalog-after-commit")
         names = [f[0] for f in self._finished]
+        if damaged:  # stored afresh: their rows now point at the new, sound copies
+            self.store.damaged.difference_update(e.id for f in self._finished for e in f[3])
         self._finished.clear()
         with self._lock:
             self._pending.clear()
