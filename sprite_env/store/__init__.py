@@ -13,6 +13,9 @@ Concepts:
 - A :class:`StoreWriter` commits packs and catalog rows in one transaction; a crash at any
   instant leaves the previous state, and orphan packs are deleted at the next open. One
   writer at a time (flock).
+- The store is private to its owner: directories 0700, files 0600 whatever the umask (a
+  pack holds every captured byte, whatever the file's own mode); a writable open tightens
+  an older, open store and ``check`` reports one (``sprite_env/privacy.py``).
 - The store knows nothing about files; ``snapshot`` builds files out of objects.
 - :func:`plan_prune` / :meth:`PrunePlan.execute` garbage-collect it, given the ids still
   reachable (``prune.py``).
