@@ -13,6 +13,30 @@ become holes. A file whose size, mtime or ctime moves while it is read is read a
 to ``READ_ATTEMPTS`` times); if it keeps changing its last reading is kept and it is named
 in the capture's warnings.
 
+The journal's hint (``WalkHint``, from ``sprite_env/journal``): directories not dirty, with
+no dirty descendant and not below a void path, keep the files cache's tree id without being
+opened, provided their parent was walked and found them with the signature its row
+recorded. Why a missed event can cost speed only, never a file:
+
+- The rows the hint trusts were written by a walk that began after the journal was armed:
+  the first capture of a journal walks everything, and so does the next after any doubt
+  (overflow, an unresolvable handle, a failed capture, a daemon start).
+- The journal's epoch changes when a capture begins, before its walk: a change that lands
+  behind the walk is an event of the next epoch, so its directory is dirty next time.
+- Every way a directory's contents can change is an event naming it (creating, removing
+  or renaming a child, a child's write, truncate, close after writing, chmod, chown,
+  xattr, utimes). Writes through a shared mapping produce none until close, so the
+  journal also marks the directories of files mapped writable at each capture. A name that
+  now holds another directory (created, removed, moved) is void: rows there are not
+  trusted. Hard links: a write through one name changes every member's entry, so the
+  directories of every known group are walked each time and a group the memo does not
+  know restarts the capture as a full walk (``NewLinkGroup``).
+- Every trusted directory is still checked the way a full walk checks a file: its
+  signature in its walked parent must match the parent's row.
+So the journal narrows a walk to what the walk itself would have found different; if it
+ever says too little, the result is a stale subtree until the next full walk, which is why
+every doubt turns into one.
+
 Error handling:
     A per-entry problem (vanished, unreadable, a socket) becomes a :class:`CaptureWarning`
     passed to ``on_warning``; the entry is left out and the capture goes on. Errors that
@@ -99,6 +123,49 @@ class CaptureStats:
     dirs_reused: int = 0
 
 
+#: A subtree's counts: files, dirs, symlinks, specials, bytes (as in ``CaptureStats``).
+Totals = tuple[int, int, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class WalkMemo:
+    """What a walk leaves for the next journal-driven one (kept in memory by the journal).
+
+    Attributes:
+        totals: per directory walked or kept, its subtree's counts (a kept subtree is not
+            walked, but the checkpoint still says how many files it holds).
+        link_dirs: directories that hold a non-directory with more than one link. They are
+            walked every time: a write through one name of a hard-link group changes every
+            member's entry, and the event names one directory only.
+        link_inos: the inodes of those files (a group the walk has not seen before may
+            have a member in a directory the journal has no event for: see ``NewLinkGroup``).
+        root_ino: the root directory's inode (a replaced root trusts nothing).
+    """
+
+    totals: dict[bytes, Totals]
+    link_dirs: frozenset[bytes]
+    link_inos: frozenset[int]
+    root_ino: int
+
+
+@dataclass(frozen=True, slots=True)
+class WalkHint:
+    """What a change journal says about the layer since the walk of ``memo``.
+
+    Attributes:
+        dirty: directories (relative paths, ``b""`` the root) whose entries may have
+            changed: each is walked like a full walk would, and so is every ancestor.
+        void: paths where a directory was created, removed or moved (to or from): the
+            files cache's rows at and below them may describe another directory, so the
+            subtree there is walked without the hint.
+        memo: the previous walk's memo.
+    """
+
+    dirty: frozenset[bytes]
+    void: frozenset[bytes]
+    memo: WalkMemo
+
+
 @dataclass
 class CaptureResult:
     top_tree: ObjectId
@@ -106,6 +173,13 @@ class CaptureResult:
     warnings: list[CaptureWarning]
     cache_changed: dict[bytes, CachedDir]
     cache_removed: set[bytes]
+    #: Rows to delete with everything below them (a journal-driven walk names only the
+    #: roots of what vanished: it did not visit what it kept).
+    cache_removed_trees: set[bytes] = field(default_factory=set)
+    #: "journal" (the hint narrowed the walk) or "full", and why a full walk.
+    walk: str = "full"
+    walk_reason: str = ""
+    memo: WalkMemo | None = None
 
 
 @dataclass
@@ -137,6 +211,33 @@ ReadTree = Callable[[ObjectId], bytes]
 
 def _join(rel: bytes, name: bytes) -> bytes:
     return name if not rel else rel + b"/" + name
+
+
+def _parent(rel: bytes) -> bytes:
+    i = rel.rfind(b"/")
+    return b"" if i < 0 else rel[:i]
+
+
+def _ancestors(rel: bytes) -> list[bytes]:
+    """``rel`` and every directory above it, up to the root ``b""``."""
+    out = [rel]
+    while rel:
+        rel = _parent(rel)
+        out.append(rel)
+    return out
+
+
+def _under_any(rel: bytes, tops: frozenset[bytes] | set[bytes]) -> bool:
+    """True if ``rel`` is one of ``tops`` or below one of them."""
+    if not tops:
+        return False
+    return any(a in tops for a in _ancestors(rel))
+
+
+class NewLinkGroup(Exception):
+    """A journal-driven walk met what the journal cannot vouch for (a hard-link group it
+    has not seen: one of its other names may sit in a directory with no event); the
+    capture starts again as a full walk."""
 
 
 class _Pending:
@@ -179,6 +280,8 @@ class Capturer:
         chunker: Chunker | None = None,
         progress: Progress | None = None,
         on_warning: OnWarning | None = None,
+        hint: WalkHint | None = None,
+        reread: frozenset[bytes] = frozenset(),
     ) -> None:
         self.root = root
         self.sink = sink
@@ -199,6 +302,17 @@ class Capturer:
         self._readers: ThreadPoolExecutor | None = None
         self._last_progress = 0.0
         self._root_dev = 0
+        self.hint = hint
+        self.reread = reread
+        self._reread_dirs = {_parent(p) for p in reread}
+        self._walk: set[bytes] = set()  # with a hint: the dirty paths and their ancestors
+        if hint is not None:
+            for p in (*hint.dirty, *hint.void, *hint.memo.link_dirs):
+                self._walk.update(_ancestors(p))
+        self.kept: set[bytes] = set()  # directories kept on the hint's word, not walked
+        self.totals: dict[bytes, Totals] = {}
+        self.link_dirs: set[bytes] = set()
+        self.link_inos: set[int] = set()
 
     # -- driver --------------------------------------------------------------------------
 
@@ -210,7 +324,10 @@ class Capturer:
         try:
             st = os.fstat(fd)
             self._root_dev = st.st_dev
-            subtree, _ = self._dir(fd, b"")
+            if self.hint is not None and self.hint.memo.root_ino != st.st_ino:
+                raise NewLinkGroup("the layer's root directory was replaced")
+            kept = self._reuse(b"")
+            subtree = kept if kept is not None else self._dir(fd, b"")[0]
             top = TreeEntry(
                 b".",
                 Kind.DIR,
@@ -227,12 +344,37 @@ class Capturer:
             os.close(fd)
         top_id = self.sink.put(encode_tree([top]), ObjectKind.TREE)
         self._report(force=True)
+        links = frozenset(self.link_dirs), frozenset(self.link_inos)
+        memo = WalkMemo(self.totals, *links, st.st_ino)
+        if self.hint is None:
+            return CaptureResult(
+                top_id,
+                self.stats,
+                self.warnings,
+                self.cache_changed,
+                set(self.cache) - self.visited,
+                memo=memo,
+            )
+        # Rows not visited are kept (the hint vouched for them) unless their directory
+        # was walked and did not list them: then they and everything below are gone.
+        gone = {
+            p
+            for p in self.cache
+            if p and p not in self.visited and p not in self.kept and _parent(p) in self.visited
+        }
+        totals = {**self.hint.memo.totals, **self.totals}
+        if gone:
+            totals = {p: t for p, t in totals.items() if not _under_any(p, gone)}
+        memo = WalkMemo(totals, memo.link_dirs, memo.link_inos, memo.root_ino)
         return CaptureResult(
             top_id,
             self.stats,
             self.warnings,
             self.cache_changed,
-            set(self.cache) - self.visited,
+            set(),
+            gone,
+            walk="journal",
+            memo=memo,
         )
 
     def _warn(self, rel: bytes, message: str) -> None:
@@ -251,11 +393,49 @@ class Capturer:
 
     # -- directories -----------------------------------------------------------------------
 
+    def _reuse(self, rel: bytes) -> ObjectId | None:
+        """The tree id the files cache has for ``rel`` if the hint vouches for its whole
+        subtree, counted as if walked; None if it must be walked.
+
+        The caller has checked that the directory is the one the cache describes: its
+        signature in its parent is the one its parent's row recorded (same inode, ctime,
+        size, mtime, and not racy), the test a full walk applies to every file.
+        """
+        hint = self.hint
+        if hint is None or rel in self._walk or _under_any(rel, hint.void):
+            return None
+        cached = self.cache.get(rel)
+        t = hint.memo.totals.get(rel)
+        if cached is None or t is None:
+            return None  # never walked, or its row was dropped (a prune): walk it
+        s = self.stats
+        s.files += t[0]
+        s.dirs += t[1]
+        s.symlinks += t[2]
+        s.specials += t[3]
+        s.bytes += t[4]
+        s.dirs_reused += t[1]
+        self.kept.add(rel)
+        return cached.tree
+
     def _dir(self, fd: int, rel: bytes) -> tuple[ObjectId, bool]:
         """Captures the directory open at ``fd``; returns its tree id and whether it changed
-        since the files cache's record of it."""
+        since the files cache's record of it. Records the subtree's counts in the memo."""
+        s = self.stats
+        before = (s.files, s.dirs, s.symlinks, s.specials, s.bytes)
+        out = self._dir_walk(fd, rel)
+        self.totals[rel] = (
+            s.files - before[0],
+            s.dirs - before[1],
+            s.symlinks - before[2],
+            s.specials - before[3],
+            s.bytes - before[4],
+        )
+        return out
+
+    def _dir_walk(self, fd: int, rel: bytes) -> tuple[ObjectId, bool]:
         cached = self.cache.get(rel)
-        if cached is None or _scan_dir is None:
+        if cached is None or _scan_dir is None or rel in self._reread_dirs:
             return self._dir_slow(fd, rel, {})
         # Fast path: one native call lists and stats the children and encodes their
         # signatures; if they equal the cache's, only the subdirectories remain to check.
@@ -266,6 +446,11 @@ class Capturer:
             return self._dir_slow(fd, rel, {})
         done: dict[bytes, tuple[ObjectId, bool]] = {}
         for name in subdirs:
+            # every child's signature matched the row: each subdirectory is the one cached
+            kept = self._reuse(_join(rel, name))
+            if kept is not None:
+                done[name] = (kept, False)
+                continue
             try:
                 cfd = os.open(name, O_DIR, dir_fd=fd)
             except OSError:
@@ -322,8 +507,14 @@ class Capturer:
             s = sig_of(st, self.start_ns)
             prev_sig = prev_sigs.get(name)
             same = not is_racy(s) and prev_sig == s
+            if child in self.reread:
+                same = False  # mapped writable: its signature may not have moved
             if not stat.S_ISDIR(mode) and st.st_nlink > 1:
                 same = False  # hard-link groups are re-derived every time (cheap, rare)
+                self.link_dirs.add(rel)
+                self.link_inos.add(st.st_ino)
+                if self.hint is not None and st.st_ino not in self.hint.memo.link_inos:
+                    raise NewLinkGroup(f"a new hard link ({os.fsdecode(child)})")
             prev_entry = None
             if (
                 not same
@@ -424,6 +615,9 @@ class Capturer:
         mode = st.st_mode
         try:
             if stat.S_ISDIR(mode):
+                kept = self._reuse(rel) if same else None
+                if kept is not None:
+                    return _Pending(name, st, subtree=kept)
                 try:
                     cfd = os.open(name, O_DIR, dir_fd=dirfd)
                 except OSError as e:
@@ -739,6 +933,8 @@ def capture(
     excludes: Excludes | None = None,
     progress: Progress | None = None,
     on_warning: OnWarning | None = None,
+    hint: WalkHint | None = None,
+    reread: frozenset[bytes] = frozenset(),
 ) -> CaptureResult:
     """Captures ``root`` into ``sink``.
 
@@ -750,11 +946,35 @@ def capture(
         excludes: paths and directories left out.
         progress: called with the running counters, at most every 0.1 s.
         on_warning: called with each warning as it happens.
+        hint: a change journal's word on what changed since the walk of ``hint.memo``
+            (see the module docstring: "The journal's hint"); None walks everything.
+        reread: files to read even if their signature matches the cache (files mapped
+            shared and writable: see ``journal.WalkPlan.reread``).
 
     Returns:
-        The top tree's id, counters, warnings, and the files-cache rows to write.
+        The top tree's id, counters, warnings, the files-cache rows to write, and which
+        walk it took (``walk``, ``walk_reason``) with the memo for the next hint.
     """
-    return Capturer(
+    reason = ""
+    if hint is not None:
+        try:
+            r = Capturer(
+                os.fsencode(root),
+                sink,
+                read_tree,
+                cache or {},
+                excludes=excludes,
+                progress=progress,
+                hint=hint,
+                reread=reread,
+            ).run()
+            if on_warning is not None:  # told once the walk is final (it may start again)
+                for w in r.warnings:
+                    on_warning(w)
+            return r
+        except NewLinkGroup as e:
+            reason = str(e)  # what it stored is kept (content-addressed); warnings are not
+    r = Capturer(
         os.fsencode(root),
         sink,
         read_tree,
@@ -762,7 +982,10 @@ def capture(
         excludes=excludes,
         progress=progress,
         on_warning=on_warning,
+        reread=reread,
     ).run()
+    r.walk_reason = reason
+    return r
 
 
 __all__ = [
@@ -771,6 +994,9 @@ __all__ = [
     "CaptureWarning",
     "Capturer",
     "Excludes",
+    "NewLinkGroup",
     "ObjectSink",
+    "WalkHint",
+    "WalkMemo",
     "capture",
 ]

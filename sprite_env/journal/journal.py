@@ -1,0 +1,449 @@
+"""The change journal of one layer: which directories changed since the last capture.
+
+A fanotify group in FID mode watches the whole file system holding the layer
+(``FAN_MARK_FILESYSTEM``: under overlayfs that is the upper directory's file system, which
+from kernel 6.5 on also sees every write made through MERGED). Events are folded as they
+are read into sets of directory handles; a capture's :meth:`Journal.begin` turns those
+into paths relative to the layer root, once per distinct directory, and hands them to the
+capture as a :class:`~sprite_env.snapshot.capture.WalkHint`.
+
+Epochs. ``begin`` takes everything queued so far and starts a new epoch: what happens while
+the capture walks belongs to the next one, so a directory changed behind the walk is dirty
+again next time. The capture's commit calls :meth:`Journal.commit` with the walk's memo
+(subtree counts, hard-link directories); a capture that fails calls :meth:`Journal.abort`,
+which makes the next capture a full walk (what it took is not put back: simpler, and
+equally safe).
+
+A hint, never the truth: the capture walks everything (``WalkPlan.hint is None``, with the
+reason recorded in the checkpoint) when the group was just started (no previous walk this
+journal saw from its start), when the kernel dropped events (queue overflow), when a handle
+cannot be resolved for any reason but "the object is gone", when a previous capture
+failed, or when the file system stops being what it was at the start. See
+``snapshot/capture.py`` for why what the journal leaves out can only cost speed.
+
+Writes through a shared writable mapping produce no event until the file is closed, and
+move the file's mtime only when a clean page is first written, so at each ``begin`` the
+mappings of every process (``/proc/*/maps``) are scanned for shared writable ones of files
+of the layer (about 3 ms for 80 processes): their directories are dirty and the files
+themselves are read again by the walk (``WalkPlan.reread``), full or not, as long as the
+mapping lives.
+
+Error handling:
+    :func:`probe` says why the journal cannot run here (no exception); :class:`Journal`'s
+    constructor raises :class:`JournalUnavailable` with that reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import platform
+import re
+import stat
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sprite_env import mountinfo
+from sprite_env.errors import SpriteError
+from sprite_env.journal import fanotify as fan
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
+    from sprite_env.snapshot.capture import CaptureResult, WalkMemo
+
+from sprite_env.snapshot.capture import WalkHint
+
+#: overlayfs passes its writes to fsnotify on the real (upper) files from this kernel on
+#: (commit bc2473c90fca, "ovl: enable fsnotify events on underlying real files").
+OVERLAY_MIN_KERNEL = (6, 5)
+#: fanotify reports the directory and name of a child's events from 5.9 on.
+MIN_KERNEL = (5, 9)
+_INIT_FLAGS = (
+    fan.FAN_CLASS_NOTIF
+    | fan.FAN_CLOEXEC
+    | fan.FAN_NONBLOCK
+    | fan.FAN_REPORT_DFID_NAME
+    | fan.FAN_REPORT_FID
+)
+_MARK_MASK = fan.CHANGE_EVENTS | fan.FAN_ONDIR | fan.FAN_EVENT_ON_CHILD
+
+
+class JournalUnavailable(SpriteError):
+    """The journal cannot run on this kernel or file system (the capture walks everything)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WalkPlan:
+    """What :meth:`Journal.begin` hands a capture.
+
+    Attributes:
+        hint: the directories to walk, or None for a full walk.
+        reason: why a full walk (empty when there is a hint).
+        epoch: identifies the epoch for :meth:`Journal.commit`.
+        reread: files some process maps shared and writable (relative paths): read again
+            by any walk, full or not, since a write through a mapping may leave their
+            signature as it was (mtime moves only when a clean page is first written).
+    """
+
+    hint: WalkHint | None
+    reason: str
+    epoch: int
+    reread: frozenset[bytes] = frozenset()
+
+
+def kernel_version(release: str | None = None) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", release or platform.release())
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def kernel_reason(*, overlay: bool = False, release: str | None = None) -> str | None:
+    """Why the kernel ``release`` (default: this one) cannot run the journal, or None."""
+    version = kernel_version(release)
+    need = OVERLAY_MIN_KERNEL if overlay else MIN_KERNEL
+    if version >= need:
+        return None
+    what = "overlayfs writes reach fanotify" if overlay else "fanotify reports names"
+    return f"kernel {version[0]}.{version[1]}: {what} only from {need[0]}.{need[1]} on"
+
+
+def probe(root: str, *, overlay: bool = False) -> str | None:
+    """Why a journal cannot watch ``root`` here, or None if it can (tries it for real).
+
+    Args:
+        root: the layer (under an overlay: the upper directory).
+        overlay: the layer is written through overlayfs MERGED.
+    """
+    why = kernel_reason(overlay=overlay)
+    if why is not None:
+        return why
+    try:
+        fd = fan.fanotify_init(_INIT_FLAGS, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.EPERM:
+            return "fanotify needs CAP_SYS_ADMIN"
+        return f"fanotify is not available ({os.strerror(e.errno or 0)})"
+    try:
+        fan.fanotify_mark(fd, fan.FAN_MARK_ADD | fan.FAN_MARK_FILESYSTEM, _MARK_MASK, _abs(root))
+    except OSError as e:
+        return f"cannot watch the file system of {root} ({os.strerror(e.errno or 0)})"
+    finally:
+        os.close(fd)
+    return None
+
+
+def _abs(path: str | bytes) -> bytes:
+    return os.fsencode(os.path.realpath(path))
+
+
+class _Doubt(Exception):
+    """A reason to walk everything."""
+
+
+class Journal:
+    """Watches the file system of ``root``; see the module docstring.
+
+    Args:
+        root: the layer root.
+        views: other paths where the layer's files are seen (overlayfs MERGED), for the
+            scan of writable mappings: a file mapped through a view is the layer's file.
+        overlay: the layer is written through overlayfs (checked against the kernel).
+
+    Raises:
+        JournalUnavailable: see :func:`probe`.
+    """
+
+    def __init__(self, root: str, *, views: Iterable[str] = (), overlay: bool = False) -> None:
+        why = kernel_reason(overlay=overlay)
+        if why is not None:
+            raise JournalUnavailable(why)
+        self.root = _abs(root)
+        self.views = [_abs(v) for v in views]
+        try:
+            self._fd = fan.fanotify_init(_INIT_FLAGS, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise JournalUnavailable(f"fanotify_init: {os.strerror(e.errno or 0)}") from None
+        try:
+            self._mount_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            st = os.fstat(self._mount_fd)
+            self._dev = st.st_dev
+            self.fsid = fan.fsid_of(self._mount_fd)
+            fan.fanotify_mark(
+                self._fd, fan.FAN_MARK_ADD | fan.FAN_MARK_FILESYSTEM, _MARK_MASK, self.root
+            )
+        except OSError as e:
+            os.close(self._fd)
+            raise JournalUnavailable(f"cannot watch {root}: {e}") from None
+        self._lock = threading.Lock()
+        self._batch = fan.new_batch()
+        self._memo: WalkMemo | None = None
+        self._full_reason = "the journal just started (no walk it saw from its start)"
+        self._epoch = 0
+        self._in_capture = False
+        self._mounts = self._mounts_under_root()
+        self.events = 0  # decoded since the start (for tests and benchmarks)
+        self.foreign = 0
+        self.overflows = 0
+
+    def close(self) -> None:
+        for fd in (self._fd, self._mount_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fd = self._mount_fd = -1
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def fileno(self) -> int:
+        """The group's descriptor: readable when events are queued (for a poll loop)."""
+        return self._fd
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def poll(self) -> int:
+        """Reads what the kernel has queued (never blocks); returns the bytes read. Call it
+        often enough that the kernel's queue (16384 events) does not overflow."""
+        with self._lock:
+            n = fan.read_events(self._fd, self.fsid, self._batch)
+            return n
+
+    def force_full(self, reason: str) -> None:
+        """Makes the next capture walk everything (the daemon's own writes it cannot
+        account for, a configuration change)."""
+        with self._lock:
+            self._full_reason = self._full_reason or reason
+
+    # -- the capture's protocol ------------------------------------------------------------
+
+    def begin(self) -> WalkPlan:
+        """Starts a capture: takes the events so far and says what to walk."""
+        with self._lock:
+            if self._in_capture:
+                raise RuntimeError("Journal.begin while another capture is running")
+            fan.read_events(self._fd, self.fsid, self._batch)
+            batch, self._batch = self._batch, fan.new_batch()
+            self._epoch += 1
+            self._in_capture = True
+            reason, memo = self._full_reason, self._memo
+            self._full_reason = ""
+        self.events += batch.events
+        self.foreign += batch.foreign
+        if batch.overflow:
+            self.overflows += 1
+            reason = reason or "the kernel's event queue overflowed (events were lost)"
+        if not reason and memo is None:
+            reason = "no previous walk to build on"
+        mounts = self._mounts_under_root()
+        if mounts != self._mounts:  # a mount makes no event, but a walk skips mount points
+            self._mounts = mounts
+            reason = reason or "file systems were mounted or unmounted inside the layer"
+        mapped = frozenset(self._mapped_writable())
+        if not reason:
+            try:
+                dirty, void = self._resolve(batch)
+                dirty.update(_parent(p) for p in mapped)
+            except _Doubt as e:
+                reason = str(e)
+        if reason:
+            return WalkPlan(None, reason, self._epoch, mapped)
+        assert memo is not None
+        hint = WalkHint(frozenset(dirty), frozenset(void), memo)
+        return WalkPlan(hint, "", self._epoch, mapped)
+
+    def commit(self, plan: WalkPlan, memo: WalkMemo) -> None:
+        """Ends a capture whose files cache committed: its memo is the next base."""
+        with self._lock:
+            if plan.epoch == self._epoch and self._in_capture:
+                self._memo = memo
+                self._in_capture = False
+
+    def abort(self, plan: WalkPlan, reason: str = "the previous capture did not finish") -> None:
+        """Ends a capture that did not commit: the next one walks everything."""
+        with self._lock:
+            if plan.epoch == self._epoch:
+                self._in_capture = False
+                self._memo = None
+                self._full_reason = self._full_reason or reason
+
+    # -- resolving handles -------------------------------------------------------------------
+
+    def _rel(self, path: bytes) -> bytes | None:
+        root = self.root
+        if path == root:
+            return b""
+        if path.startswith(root) and path[len(root) : len(root) + 1] == b"/":
+            return path[len(root) + 1 :]
+        return None
+
+    def _open(self, handle: bytes) -> int | None:
+        try:
+            return fan.open_by_handle(self._mount_fd, handle, os.O_PATH | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno == errno.ESTALE:
+                return None  # the object is gone: see _resolve
+            raise _Doubt(f"cannot resolve a file handle ({os.strerror(e.errno or 0)})") from None
+
+    def _dir_path(self, handle: bytes, cache: dict[bytes, bytes | None]) -> bytes | None:
+        """The path of a directory relative to the root; None if gone or outside."""
+        if handle in cache:
+            return cache[handle]
+        fd = self._open(handle)
+        rel = None
+        if fd is not None:
+            try:
+                st = os.fstat(fd)
+                if st.st_nlink > 0:  # 0: removed, though still open somewhere
+                    if not stat.S_ISDIR(st.st_mode) or st.st_dev != self._dev:
+                        raise _Doubt("a directory handle resolved to something else")
+                    rel = self._rel(os.readlink(b"/proc/self/fd/%d" % fd))
+            finally:
+                os.close(fd)
+        cache[handle] = rel
+        return rel
+
+    def _object_path(self, handle: bytes) -> bytes | None:
+        """The path of a non-directory reported alone (its link count changed)."""
+        fd = self._open(handle)
+        if fd is None:
+            return None
+        try:
+            st = os.fstat(fd)
+            if st.st_nlink == 0:
+                return None  # unlinked: in no directory any more
+            path = os.readlink(b"/proc/self/fd/%d" % fd)
+        finally:
+            os.close(fd)
+        rel = self._rel(path)
+        if rel is None:
+            # Outside the layer. Its other names (if any) inside the layer are hard links:
+            # their directories are walked every time (see capture.WalkMemo.link_dirs), or
+            # were just created, which is an event of their own.
+            return None
+        try:
+            lst = os.lstat(path)
+        except FileNotFoundError:
+            lst = None
+        if lst is None or (lst.st_dev, lst.st_ino) != (st.st_dev, st.st_ino):
+            raise _Doubt("a file's handle resolved to a path that names another file")
+        return rel
+
+    def _resolve(self, batch: fan.Batch) -> tuple[set[bytes], set[bytes]]:
+        """Turns handles into the dirty and void paths of a hint.
+
+        A handle that resolves to nothing (ESTALE, or a removed directory) is dropped: an
+        object that is gone is in no directory, and its removal was itself an event in the
+        directory that held it (or in one of its ancestors, removed or moved with it).
+        """
+        cache: dict[bytes, bytes | None] = {}
+        dirty: set[bytes] = set()
+        void: set[bytes] = set()
+        for h in batch.dirs:
+            rel = self._dir_path(h, cache)
+            if rel is not None:
+                dirty.add(rel)
+        for h, name in batch.children:
+            rel = self._dir_path(h, cache)
+            if rel is not None:
+                dirty.add(rel)
+                void.add(_join(rel, name))
+        for h in batch.selves:
+            rel = self._dir_path(h, cache)
+            if rel is not None:
+                dirty.add(rel)
+                dirty.add(_parent(rel))
+        for h in batch.objects:
+            rel = self._object_path(h)
+            if rel is not None:
+                dirty.add(_parent(rel))
+        return dirty, void
+
+    def _mounts_under_root(self) -> frozenset[str]:
+        root = os.fsdecode(self.root)
+        return frozenset(
+            m.mountpoint for m in mountinfo.mounts() if m.mountpoint.startswith(root + "/")
+        )
+
+    def _mapped_writable(self) -> set[bytes]:
+        """Layer files (relative paths) some process maps shared and writable."""
+        out: set[bytes] = set()
+        prefixes = [self.root, *self.views]
+        for pid in os.listdir(b"/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(b"/proc/" + pid + b"/maps", "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue  # exited, or not ours to read
+            for line in data.split(b"\n"):
+                parts = line.split(None, 5)
+                if len(parts) < 6 or parts[1][1:2] != b"w" or parts[1][3:4] != b"s":
+                    continue
+                path = parts[5]
+                for p in prefixes:
+                    if path.startswith(p) and path[len(p) : len(p) + 1] == b"/":
+                        out.add(path[len(p) + 1 :])
+        return out
+
+
+class Epoch:
+    """One capture's part in a journal's epochs; see :func:`open_epoch`."""
+
+    def __init__(self, journal: Journal | None, plan: WalkPlan | None) -> None:
+        self.journal = journal
+        self.plan = plan
+        self.memo: WalkMemo | None = None
+
+    @property
+    def hint(self) -> WalkHint | None:
+        return self.plan.hint if self.plan is not None else None
+
+    @property
+    def reread(self) -> frozenset[bytes]:
+        return self.plan.reread if self.plan is not None else frozenset()
+
+    def walked(self, r: CaptureResult) -> tuple[str, str]:
+        """Keeps ``r``'s memo for the commit; returns the walk and reason to record."""
+        self.memo = r.memo
+        if r.walk == "journal":
+            return "journal", ""
+        if r.walk_reason:
+            return "full", r.walk_reason
+        if self.plan is None:
+            return "full", "no change journal running"
+        return "full", self.plan.reason
+
+
+@contextlib.contextmanager
+def open_epoch(journal: Journal | None) -> Iterator[Epoch]:
+    """Brackets one capture that writes the files cache: begins the journal's epoch, and
+    commits it if the block ends normally after :meth:`Epoch.walked` (put the catalog
+    commit inside the block), or aborts it (the next walk is full). With no journal, a
+    plain full walk."""
+    plan = journal.begin() if journal is not None else None
+    ep = Epoch(journal, plan)
+    try:
+        yield ep
+    except BaseException:
+        if journal is not None and plan is not None:
+            journal.abort(plan)
+        raise
+    if journal is not None and plan is not None:
+        if ep.memo is None:
+            journal.abort(plan, "a capture ended without a result")
+        else:
+            journal.commit(plan, ep.memo)
+
+
+def _join(rel: bytes, name: bytes) -> bytes:
+    return name if not rel else rel + b"/" + name
+
+
+def _parent(rel: bytes) -> bytes:
+    i = rel.rfind(b"/")
+    return b"" if i < 0 else rel[:i]

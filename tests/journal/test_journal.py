@@ -1,0 +1,192 @@
+"""The journal's epochs and hints, on a real tmpfs and through a real overlayfs."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import subprocess
+from typing import TYPE_CHECKING
+
+import pytest
+
+from sprite_env.journal import Journal, JournalUnavailable, kernel_reason
+from sprite_env.snapshot.capture import WalkMemo
+from tests.helpers.daemon import write_file
+
+if TYPE_CHECKING:
+    from sprite_env.journal import WalkPlan
+
+MEMO = WalkMemo({}, frozenset(), frozenset(), 0)
+
+
+def started(layer: str) -> Journal:
+    """A journal past its first (full) capture, so the next plan carries a hint."""
+    j = Journal(layer)
+    plan = j.begin()
+    assert plan.hint is None
+    assert "just started" in plan.reason
+    j.commit(plan, MEMO)
+    return j
+
+
+def dirty_after(j: Journal) -> tuple[set[bytes], set[bytes]]:
+    plan = j.begin()
+    assert plan.hint is not None, plan.reason
+    j.commit(plan, MEMO)
+    return set(plan.hint.dirty), set(plan.hint.void)
+
+
+def test_a_hint_names_the_changed_directories_relative_to_the_root(layer: str) -> None:
+    for d in ("a/b/c", "a/d", "e"):
+        os.makedirs(f"{layer}/{d}")
+    write_file(f"{layer}/a/b/c/f", b"1")
+    write_file(f"{layer}/e/g", b"1")
+    with started(layer) as j:
+        assert dirty_after(j) == (set(), set())
+        with open(f"{layer}/a/b/c/f", "ab") as f:
+            f.write(b"2")
+        os.chmod(f"{layer}/e/g", 0o600)
+        assert dirty_after(j) == ({b"a/b/c", b"e"}, set())
+
+        os.rename(f"{layer}/a/b", f"{layer}/e/b")  # a whole directory moves
+        dirty, void = dirty_after(j)
+        assert {b"a", b"e"} <= dirty
+        assert void == {b"a/b", b"e/b"}
+
+        os.chmod(f"{layer}/a/d", 0o700)  # a directory's own metadata: its parent's entry
+        assert b"a" in dirty_after(j)[0]
+
+        shutil.rmtree(f"{layer}/e/b")  # handles of removed directories are gone: dropped
+        dirty, void = dirty_after(j)
+        assert dirty == {b"e"}
+        assert void == {b"e/b"}
+
+
+def test_events_outside_the_layer_are_dropped(fs: str, layer: str) -> None:
+    os.mkdir(f"{fs}/elsewhere")
+    with started(layer) as j:
+        for i in range(50):
+            write_file(f"{fs}/elsewhere/{i}", b"x")
+        write_file(f"{layer}/in", b"x")
+        assert dirty_after(j) == ({b""}, set())
+        assert j.events >= 100
+
+
+def test_events_during_a_capture_belong_to_the_next(layer: str) -> None:
+    os.mkdir(f"{layer}/d")
+    with started(layer) as j:
+        plan = j.begin()
+        write_file(f"{layer}/d/late", b"x")  # behind the walk of this capture
+        j.commit(plan, MEMO)
+        assert dirty_after(j)[0] == {b"d"}
+
+
+def test_a_failed_capture_makes_the_next_walk_full(layer: str) -> None:
+    with started(layer) as j:
+        plan: WalkPlan = j.begin()
+        j.abort(plan)
+        nxt = j.begin()
+        assert nxt.hint is None
+        assert "did not finish" in nxt.reason
+
+
+def test_overflow_makes_the_next_walk_full(layer: str) -> None:
+    os.mkdir(f"{layer}/many")
+    with started(layer) as j:
+        for i in range(17000):  # more than the kernel's 16384-event queue, unread
+            os.close(os.open(f"{layer}/many/{i}", os.O_CREAT | os.O_WRONLY, 0o644))
+        plan = j.begin()
+        assert plan.hint is None
+        assert "overflowed" in plan.reason
+        j.commit(plan, MEMO)
+        assert dirty_after(j) == (set(), set())  # and the one after builds on that walk
+
+
+def test_polling_keeps_the_queue_from_overflowing(layer: str) -> None:
+    os.mkdir(f"{layer}/many")
+    with started(layer) as j:
+        for i in range(17000):
+            os.close(os.open(f"{layer}/many/{i}", os.O_CREAT | os.O_WRONLY, 0o644))
+            if i % 4000 == 0:
+                j.poll()
+        assert dirty_after(j)[0] == {b"many"}
+
+
+def test_a_file_mapped_writable_keeps_its_directory_dirty(layer: str) -> None:
+    write_file(f"{layer}/d/m", b"0" * 4096)
+    with started(layer) as j:
+        fd = os.open(f"{layer}/d/m", os.O_RDWR)
+        try:
+            with mmap.mmap(fd, 4096) as m:
+                assert dirty_after(j)[0] == {b"d"}
+                m[0:1] = b"1"  # no event at all: only the scan of mappings sees it
+                plan = j.begin()
+                assert plan.hint is not None
+                assert plan.hint.dirty == {b"d"}
+                assert plan.reread == {b"d/m"}  # read again even if its mtime stayed
+                j.commit(plan, MEMO)
+        finally:
+            os.close(fd)
+        assert dirty_after(j)[0] == {b"d"}  # the close after writing
+        assert dirty_after(j)[0] == set()
+
+
+def test_a_mount_inside_the_layer_makes_the_walk_full(layer: str) -> None:
+    os.mkdir(f"{layer}/mnt")
+    with started(layer) as j:
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", f"{layer}/mnt"], check=True)
+        try:
+            plan = j.begin()
+            assert plan.hint is None
+            assert "mounted" in plan.reason
+            j.commit(plan, MEMO)
+        finally:
+            subprocess.run(["umount", f"{layer}/mnt"], check=True)
+        plan = j.begin()
+        assert plan.hint is None
+        assert "mounted" in plan.reason
+
+
+def test_kernels_without_support_get_a_reason() -> None:
+    assert kernel_reason(release="6.18.44") is None
+    assert kernel_reason(overlay=True, release="6.5.0") is None
+    why = kernel_reason(overlay=True, release="6.1.0-32-amd64")  # Debian 12's stock kernel
+    assert why == "kernel 6.1: overlayfs writes reach fanotify only from 6.5 on"
+    assert kernel_reason(release="5.4.0") == "kernel 5.4: fanotify reports names only from 5.9 on"
+
+
+def test_a_missing_root_is_a_clear_error(tmp_path: os.PathLike[str]) -> None:
+    with pytest.raises(JournalUnavailable, match="cannot watch"):
+        Journal(os.path.join(os.fspath(tmp_path), "nowhere"))
+
+
+def test_writes_through_overlayfs_merged_reach_the_upper_layer(
+    overlay: tuple[str, str],
+) -> None:
+    upper, merged = overlay
+    with Journal(upper, views=[merged], overlay=True) as j:
+        plan = j.begin()
+        j.commit(plan, MEMO)
+        with open(f"{merged}/etc/conf1", "a") as f:  # a lower file: copied up, then written
+            f.write("changed\n")
+        dirty, _void = dirty_after(j)
+        assert b"etc" in dirty  # the work directory's events are outside the layer: dropped
+        assert all(not p.startswith(b"..") for p in dirty)
+
+        os.unlink(f"{merged}/etc/deep/x")  # a whiteout in upper
+        assert b"etc/deep" in dirty_after(j)[0]
+
+        os.makedirs(f"{merged}/new/sub")
+        write_file(f"{merged}/new/sub/f", b"1")
+        dirty, void = dirty_after(j)
+        assert {b"", b"new", b"new/sub"} <= dirty
+        assert {b"new", b"new/sub"} <= void
+
+        fd = os.open(f"{merged}/new/sub/f", os.O_RDWR)
+        try:
+            with mmap.mmap(fd, 1) as m:  # mapped through MERGED: found through the view
+                m[0:1] = b"2"
+                assert b"new/sub" in dirty_after(j)[0]
+        finally:
+            os.close(fd)

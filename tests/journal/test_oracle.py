@@ -1,0 +1,299 @@
+"""The oracle: a journal-driven capture yields exactly the top tree id of a walk that trusts
+nothing (no files cache, no journal) of the same state.
+
+Random sequences of changes (hypothesis) are applied to a real tmpfs, or through a real
+overlayfs MERGED, with captures in between; each capture is compared with the truth.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import mmap
+import os
+import shutil
+import time
+from typing import TYPE_CHECKING, Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sprite_env.journal import Journal
+
+if TYPE_CHECKING:
+    from tests.journal.conftest import Harness
+
+NAMES = ["a", "b", "c", "d"]
+CONTENTS = st.binary(max_size=300) | st.sampled_from([b"", b"x" * 5000])
+_libc = ctypes.CDLL(None, use_errno=True)
+AT_EMPTY_PATH = 0x1000
+AT_FDCWD = -100
+
+
+def _linkat_fd(fd: int, dest: str) -> None:
+    if _libc.linkat(fd, b"", AT_FDCWD, dest.encode(), AT_EMPTY_PATH) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), dest)
+
+
+class World:
+    """The layer seen through ``view`` (the layer itself, or overlayfs MERGED), with the
+    descriptors and mappings a process keeps open across captures."""
+
+    def __init__(self, view: str) -> None:
+        self.view = view
+        self.fds: list[int] = []
+        self.maps: list[tuple[int, mmap.mmap]] = []
+
+    def close(self) -> None:
+        for fd, m in self.maps:
+            m.close()
+            os.close(fd)
+        for fd in self.fds:
+            os.close(fd)
+        self.maps, self.fds = [], []
+
+    def listing(self) -> tuple[list[str], list[str]]:
+        dirs, others = [""], []
+        for top, dnames, fnames in os.walk(self.view):
+            rel = os.path.relpath(top, self.view)
+            rel = "" if rel == "." else rel
+            for d in dnames:
+                (others if os.path.islink(os.path.join(top, d)) else dirs).append(
+                    os.path.join(rel, d)
+                )
+            others.extend(os.path.join(rel, f) for f in fnames)
+        return sorted(dirs), sorted(others)
+
+    def p(self, rel: str) -> str:
+        return os.path.join(self.view, rel)
+
+    def files(self) -> list[str]:
+        return [f for f in self.listing()[1] if os.path.isfile(self.p(f))]
+
+    def step(self, data: Any) -> str:
+        dirs, others = self.listing()
+        files = [f for f in others if os.path.isfile(self.p(f)) and not os.path.islink(self.p(f))]
+        op = data.draw(st.sampled_from(OPS))
+        d = data.draw(st.sampled_from(dirs))
+        name = data.draw(st.sampled_from(NAMES))
+        target = os.path.join(d, name)
+        f = data.draw(st.sampled_from(files)) if files else None
+        any_path = (
+            data.draw(st.sampled_from(dirs[1:] + others)) if len(dirs) + len(others) > 1 else None
+        )
+        # EEXIST, ENOTEMPTY, EISDIR, EINVAL (a dir into itself): no change, or a partial one
+        with contextlib.suppress(OSError):
+            getattr(self, "op_" + op)(data, target, f, any_path)
+        return op
+
+    # -- the changes -------------------------------------------------------------------
+
+    def op_create(self, data: Any, target: str, f: str | None, _a: str | None) -> None:
+        with open(self.p(target), "xb") as out:
+            out.write(data.draw(CONTENTS))
+
+    def op_mkdir(self, data: Any, target: str, f: str | None, _a: str | None) -> None:
+        os.mkdir(self.p(target))
+
+    def op_write(self, data: Any, target: str, f: str | None, _a: str | None) -> None:
+        if f:
+            with open(self.p(f), "r+b") as out:
+                out.seek(data.draw(st.integers(0, 100)))
+                out.write(data.draw(CONTENTS))
+
+    def op_append(self, data: Any, target: str, f: str | None, _a: str | None) -> None:
+        if f:
+            with open(self.p(f), "ab") as out:
+                out.write(data.draw(CONTENTS) or b"+")
+
+    def op_truncate(self, data: Any, target: str, f: str | None, _a: str | None) -> None:
+        if f:
+            size = os.path.getsize(self.p(f))
+            os.truncate(self.p(f), size // 2)
+            os.truncate(self.p(f), size)  # re-extended: the same size, a hole of zeros
+
+    def op_same_size_old_mtime(self, data: Any, target: str, f: str | None, _a: str | None) -> None:
+        if f:
+            st_ = os.stat(self.p(f))
+            with open(self.p(f), "r+b") as out:
+                out.write(b"Z" * min(st_.st_size, 3))
+            os.utime(self.p(f), ns=(st_.st_atime_ns, st_.st_mtime_ns))  # mtime set back
+
+    def op_mmap_write(self, data: Any, target: str, f: str | None, _a: str | None) -> None:
+        if f and os.path.getsize(self.p(f)) > 0:
+            fd = os.open(self.p(f), os.O_RDWR)
+            m = mmap.mmap(fd, 0)
+            m[0:1] = data.draw(st.sampled_from([b"M", b"N"]))
+            if data.draw(st.booleans()):
+                self.maps.append((fd, m))  # kept mapped across the next capture
+            else:
+                m.close()
+                os.close(fd)
+
+    def op_mapped_write_again(self, data: Any, target: str, f: str | None, _a: str | None) -> None:
+        for _fd, m in self.maps:
+            m[len(m) - 1 : len(m)] = data.draw(st.sampled_from([b"P", b"Q"]))
+
+    def op_open_fd(self, data: Any, target: str, f: str | None, _a: str | None) -> None:
+        if f:
+            self.fds.append(os.open(self.p(f), os.O_RDWR))
+
+    def op_write_old_fd(self, data: Any, target: str, f: str | None, _a: str | None) -> None:
+        for fd in self.fds:  # opened before some earlier capture, perhaps renamed since
+            os.pwrite(fd, data.draw(CONTENTS) or b"w", data.draw(st.integers(0, 50)))
+
+    def op_rename(self, data: Any, target: str, f: str | None, a: str | None) -> None:
+        if a:
+            os.rename(self.p(a), self.p(target))  # a file or a whole directory, maybe over one
+
+    def op_link(self, data: Any, target: str, f: str | None, _a: str | None) -> None:
+        if f:
+            os.link(self.p(f), self.p(target))
+
+    def op_unlink(self, data: Any, target: str, f: str | None, _a: str | None) -> None:
+        if f:
+            os.unlink(self.p(f))
+
+    def op_tmpfile(self, data: Any, target: str, f: str | None, _a: str | None) -> None:
+        fd = os.open(self.p(os.path.dirname(target) or "."), os.O_TMPFILE | os.O_RDWR, 0o640)
+        try:
+            os.write(fd, data.draw(CONTENTS))
+            _linkat_fd(fd, self.p(target))
+        finally:
+            os.close(fd)
+
+    def op_chmod(self, data: Any, target: str, f: str | None, a: str | None) -> None:
+        if a and not os.path.islink(self.p(a)):
+            os.chmod(self.p(a), data.draw(st.sampled_from([0o600, 0o755, 0o700, 0o644])))
+
+    def op_chown(self, data: Any, target: str, f: str | None, a: str | None) -> None:
+        if a:
+            uid = data.draw(st.sampled_from([0, 65534, 1000]))
+            os.chown(self.p(a), uid, uid, follow_symlinks=False)
+
+    def op_xattr(self, data: Any, target: str, f: str | None, a: str | None) -> None:
+        if a and not os.path.islink(self.p(a)):
+            os.setxattr(self.p(a), "user.k", data.draw(st.sampled_from([b"1", b"22"])))
+
+    def op_utime_dir(self, data: Any, target: str, f: str | None, a: str | None) -> None:
+        if a:
+            os.utime(self.p(a), ns=(10**18, 10**18), follow_symlinks=False)
+
+    def op_rmtree(self, data: Any, target: str, f: str | None, a: str | None) -> None:
+        if a:
+            if os.path.isdir(self.p(a)) and not os.path.islink(self.p(a)):
+                shutil.rmtree(self.p(a))
+            else:
+                os.unlink(self.p(a))
+
+    def op_dir_to_file(self, data: Any, target: str, f: str | None, a: str | None) -> None:
+        if a and os.path.isdir(self.p(a)) and not os.path.islink(self.p(a)):
+            shutil.rmtree(self.p(a))
+            with open(self.p(a), "wb") as out:
+                out.write(b"was a directory")
+        elif a and os.path.isfile(self.p(a)):
+            os.unlink(self.p(a))
+            os.mkdir(self.p(a))  # and back: a directory of the same name
+
+    def op_symlink(self, data: Any, target: str, f: str | None, _a: str | None) -> None:
+        os.symlink(data.draw(st.sampled_from(["a", "../b", "/etc/passwd"])), self.p(target))
+
+
+OPS = [n[3:] for n in dir(World) if n.startswith("op_")]
+
+
+def _seed(view: str) -> None:
+    for d in ("a/b", "a/c", "b", "c/d/a"):
+        os.makedirs(os.path.join(view, d), exist_ok=True)
+    for i, d in enumerate(("", "a", "a/b", "b", "c/d", "c/d/a")):
+        with open(os.path.join(view, d, f"f{i}"), "wb") as f:
+            f.write(b"seed %d\n" % i * (i + 1))
+
+
+def _run(data: Any, harness: Harness, world: World, *, restart_root: str | None) -> None:
+    try:
+        _rounds(data, harness, world, restart_root)
+    finally:
+        world.close()
+        if harness.journal is not None:
+            harness.journal.close()
+
+
+def _rounds(data: Any, harness: Harness, world: World, restart_root: str | None) -> None:
+    r = harness.capture()
+    assert r.top_tree == harness.truth()
+    journal_walks = 0
+    for _round in range(data.draw(st.integers(2, 6))):
+        for _ in range(data.draw(st.integers(1, 6))):
+            world.step(data)
+        if data.draw(st.booleans()):
+            time.sleep(0.06)  # past the racy window: the hint alone decides what is read
+        if restart_root is not None and data.draw(st.integers(0, 9)) == 0:
+            assert harness.journal is not None  # a daemon restart: a new journal, no memo
+            harness.journal.close()
+            harness.journal = Journal(restart_root, views=[world.view])
+        r = harness.capture()
+        journal_walks += r.walk == "journal"
+        assert r.top_tree == harness.truth(), (r.walk, r.walk_reason)
+
+
+SETTINGS = settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_journal_capture_equals_a_walk_that_trusts_nothing(
+    data: Any, layer: str, harness_for: Any
+) -> None:
+    for name in os.listdir(layer):
+        p = os.path.join(layer, name)
+        shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+    _seed(layer)
+    _run(data, harness_for(layer, Journal(layer)), World(layer), restart_root=layer)
+
+
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_through_overlayfs_merged(data: Any, overlay: tuple[str, str], harness_for: Any) -> None:
+    upper, merged = overlay
+    for name in os.listdir(merged):
+        p = os.path.join(merged, name)
+        shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+    _seed(merged)
+    j = Journal(upper, views=[merged], overlay=True)
+    _run(data, harness_for(upper, j), World(merged), restart_root=None)
+
+
+def test_overflow_falls_back_to_a_full_walk_and_loses_nothing(
+    fs: str, layer: str, harness_for: Any
+) -> None:
+    _seed(layer)
+    with Journal(layer) as j:
+        h = harness_for(layer, j)
+        h.capture()
+        with open(os.path.join(layer, "a", "b", "f2"), "ab") as f:
+            f.write(b"a change the lost events would have named\n")
+        os.mkdir(os.path.join(fs, "noise"))
+        for i in range(17000):  # elsewhere on the same file system: the queue fills all the same
+            os.close(os.open(os.path.join(fs, "noise", str(i)), os.O_CREAT | os.O_WRONLY, 0o644))
+        time.sleep(0.06)
+        r = h.capture()
+        assert r.walk == "full"
+        assert "overflowed" in r.walk_reason
+        assert r.top_tree == h.truth()
+        os.chmod(os.path.join(layer, "c", "d"), 0o711)
+        time.sleep(0.06)
+        r = h.capture()
+        assert r.walk == "journal"
+        assert r.top_tree == h.truth()
+        assert r.stats.files_read == 0
+        assert r.stats.dirs_reused >= 3
