@@ -110,19 +110,23 @@ class InProcessDaemon:
 
     # -- talking ----------------------------------------------------------------------------
 
-    def exchange(self, data: bytes, seconds: float = 30.0) -> bytes:
-        """Sends ``data`` (then end of file) on a fresh connection; returns all it got
-        (within ``seconds``, else ``trio.TooSlowError``)."""
+    def exchange(self, data: bytes, seconds: float = 30.0, piece: int | None = None) -> bytes:
+        """Sends ``data`` (then end of file) on a fresh connection, ``piece`` bytes at a
+        time if given (the server then parses a request that arrives in parts); returns
+        all it got (within ``seconds``, else ``trio.TooSlowError``)."""
         assert self._token is not None
-        return trio.from_thread.run(self._exchange, data, seconds, trio_token=self._token)
+        return trio.from_thread.run(self._exchange, data, seconds, piece, trio_token=self._token)
 
-    async def _exchange(self, data: bytes, seconds: float) -> bytes:
+    async def _exchange(self, data: bytes, seconds: float, piece: int | None) -> bytes:
         client, server_end = trio.testing.memory_stream_pair()
         got = bytearray()
+        step = piece or max(1, len(data))
 
         async def send() -> None:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await client.send_all(data)
+                for i in range(0, len(data), step):
+                    await client.send_all(data[i : i + step])
+                    await trio.testing.wait_all_tasks_blocked()  # the server reads this part
                 await client.send_eof()
 
         with trio.fail_after(seconds):

@@ -143,6 +143,19 @@ class _FailingListener(trio.abc.Listener[trio.abc.Stream]):
         await trio.lowlevel.checkpoint()
 
 
+class _FedListener(trio.abc.Listener[trio.abc.Stream]):
+    """Hands out the streams sent to ``feed``, one per accept."""
+
+    def __init__(self) -> None:
+        self.feed, self._streams = trio.open_memory_channel[trio.abc.Stream](16)
+
+    async def accept(self) -> trio.abc.Stream:
+        return await self._streams.receive()
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
 async def _status(req: server.Request) -> server.Response:
     await trio.lowlevel.checkpoint()
     return server.Response(200, json.dumps({"path": req.path}).encode())
@@ -184,6 +197,62 @@ def test_other_accept_errors_end_the_loop() -> None:
     with pytest.raises(ExceptionGroup) as info:
         trio.run(main)
     assert info.group_contains(OSError, match="Bad file descriptor")
+
+
+def test_a_process_over_its_bound_is_answered_busy_and_its_idle_one_gives_way() -> None:
+    """Real Unix socket pairs (so SO_PEERCRED names this process), a bound of 2 per
+    process: an idle connection gives way to a new one; with both busy, the third is
+    answered 503 ``busy`` without being read."""
+
+    async def main() -> None:
+        release = trio.Event()
+
+        async def slow(req: server.Request) -> server.Response:
+            await release.wait()
+            return await _status(req)
+
+        pairs = [trio.socket.socketpair(socket.AF_UNIX) for _ in range(4)]
+        clients = [trio.SocketStream(a) for a, _ in pairs]
+        servers = [trio.SocketStream(b) for _, b in pairs]
+        listener = _FedListener()
+        table = ConnectionTable(total=10, per_uid=10, per_pid=2)
+        get = b"GET /v1/x HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n"
+
+        async def read_all(stream: trio.SocketStream) -> bytes:
+            got = b""
+            while chunk := await stream.receive_some(65536):
+                got += chunk
+            return got
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                lambda task_status: server.serve_listener(
+                    listener, slow, table=table, task_status=task_status
+                )
+            )
+            # 0 connects and stays idle; 1 and 2 send requests that wait: 0 gives way.
+            await listener.feed.send(servers[0])
+            await trio.testing.wait_all_tasks_blocked()
+            for c, s in zip(clients[1:3], servers[1:3], strict=True):
+                await c.send_all(get)
+                await listener.feed.send(s)
+                await trio.testing.wait_all_tasks_blocked()
+            assert await read_all(clients[0]) == b""  # closed to make room
+            # 3: both of this process's connections are busy: refused, busy.
+            await listener.feed.send(servers[3])
+            refused = await read_all(clients[3])
+            assert refused.startswith(b"HTTP/1.1 503 ")
+            body = json.loads(refused.split(b"\r\n\r\n", 1)[1])
+            assert (body["code"], body["status"]) == ("busy", 503)
+            assert f"process {os.getpid()}" in body["message"]
+            release.set()
+            for c in clients[1:3]:
+                assert (await read_all(c)).startswith(b"HTTP/1.1 200 ")
+            nursery.cancel_scope.cancel()
+        for c in clients:
+            await c.aclose()
+
+    trio.run(main)
 
 
 # -- a real daemon -----------------------------------------------------------------------
