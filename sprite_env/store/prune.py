@@ -94,6 +94,14 @@ SMALL_PACK = 8 * 1024 * 1024
 #: Rows fetched per catalog query while planning (keyset pagination on the primary key).
 _BATCH = 50_000
 
+#: Why ``execute`` refuses: the catalog does not match the plan. A caller that serializes
+#: prunes and writes (the engine does) only sees this from a damaged catalog (issue 15:
+#: a bad byte in the ``objects_by_pack`` index makes its queries disagree).
+_STALE = (
+    "the catalog does not match the prune's plan: the store changed since it was planned "
+    "(plan again), or the catalog is damaged (see sprite-env store check)"
+)
+
 LiveSet = Collection[ObjectId] | Callable[[ObjectId], bool]
 Progress = Callable[[int, int], None]
 
@@ -346,7 +354,7 @@ def _read_entry(fd: int, name: PackName, e: Entry) -> bytes:
 def _check_current(store: Store, plan: PrunePlan) -> None:
     seen = tuple((p.id, p.name) for p in store.catalog.packs())
     if seen != plan._packs_seen or store.catalog.object_count() != plan._objects_total:
-        raise StoreError("the store changed since the prune was planned; plan again")
+        raise StoreError(_STALE)
 
 
 def _live_entries(
@@ -481,7 +489,7 @@ def _commit(store: Store, plan: PrunePlan, written: list[_NewPack], hook: Commit
                 removed += cur.rowcount
         if repointed != moved or removed != plan.objects_dead:
             # raising rolls the transaction back
-            raise StoreError("the store changed since the prune was planned; plan again")
+            raise StoreError(_STALE)
         if hook is not None:
             hook(db)
     return removed
