@@ -74,6 +74,11 @@ def check_comment(comment: str) -> str:
     bad = [c for c in comment if unicodedata.category(c) == "Cc" and c not in "\t"]
     if bad:
         raise InvalidComment(f"comment contains control characters ({bad[0]!r})")
+    # A lone surrogate (JSON "\ud800") has no UTF-8 form: the commit would fail after
+    # the whole capture.
+    lone = [c for c in comment if unicodedata.category(c) == "Cs"]
+    if lone:
+        raise InvalidComment(f"comment contains a lone surrogate ({lone[0]!r})")
     return comment
 
 
