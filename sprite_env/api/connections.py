@@ -11,8 +11,9 @@ in all          256    descriptors: the daemon also holds the store's packs, the
                        and the view's open files under the default limit of 1,024
 per uid         128    one user (a compromised sandbox user given the socket group)
                        cannot take every slot: the others always find half of them
-per pid         32     one runaway process (a client looping on ``connect``) cannot take
-                       its user's share; 50 clients at once held without an error
+per pid         64     one runaway process (a client looping on ``connect``) cannot take
+                       its user's share, while 50 threads of one client polling during a
+                       job (each waiting its turn: ``pacing.py``) all fit
 ==============  =====  ==================================================================
 
 A slot is *idle* while its connection has no complete request: a new connection before
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 
 MAX_TOTAL = 256
 MAX_PER_UID = 128
-MAX_PER_PID = 32
+MAX_PER_PID = 64
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 

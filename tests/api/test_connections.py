@@ -334,14 +334,14 @@ def _still_open(socks: list[socket.socket]) -> int:
 @pytest.mark.integration
 def test_idle_connections_do_not_block_a_request(daemon_factory: Any) -> None:
     """300+ connections that send nothing, renewed as they are closed, from 8 processes of
-    one user and 40 from this process: a normal request is answered at once (it waited
+    one user and 80 from this process: a normal request is answered at once (it waited
     58 s before: 256 slots held for their 60 s idle timeout)."""
     d = daemon_factory()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 1024:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
     with contextlib.ExitStack() as stack, _holders(d.socket, processes=8, each=40):
-        mine = [stack.enter_context(_connected(d.socket)) for _ in range(40)]
+        mine = [stack.enter_context(_connected(d.socket)) for _ in range(80)]
         took = []
         for _ in range(5):
             t = time.monotonic()
@@ -350,9 +350,9 @@ def test_idle_connections_do_not_block_a_request(daemon_factory: Any) -> None:
             assert (status, info["pid"]) == (200, d.proc.pid)
         # Liveness, not a benchmark: measured 10-50 ms each on the 2-core CI machine.
         assert max(took) < 5, took
-        # This process is one client: at most 32 of its connections are kept (the rest,
+        # This process is one client: at most 64 of its connections are kept (the rest,
         # idle, made room for its newer ones and for the status requests).
-        assert _still_open(mine) <= 32
+        assert _still_open(mine) <= 64
         written = d.create("under siege")
         assert written["type"] == "complete"
     assert d.json("GET", "/v1/checkpoints")[1][0]["comment"] == "under siege"
