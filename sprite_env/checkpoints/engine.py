@@ -32,6 +32,7 @@ from sprite_env.checkpoints.gc import reach
 from sprite_env.checkpoints.hashonly import HashOnlySink
 from sprite_env.checkpoints.registry import Checkpoint, Registry
 from sprite_env.errors import SnapshotError, SpriteError, StoreError, UserError
+from sprite_env.journal import Journal, open_epoch
 from sprite_env.snapshot import dircache
 from sprite_env.snapshot.capture import CaptureResult, CaptureStats, Excludes, capture
 from sprite_env.snapshot.diff import Change, Difference, diff_trees
@@ -74,11 +75,6 @@ def check_comment(comment: str) -> str:
     bad = [c for c in comment if unicodedata.category(c) == "Cc" and c not in "\t"]
     if bad:
         raise InvalidComment(f"comment contains control characters ({bad[0]!r})")
-    # A lone surrogate (JSON "\ud800") has no UTF-8 form: the commit would fail after
-    # the whole capture.
-    lone = [c for c in comment if unicodedata.category(c) == "Cs"]
-    if lone:
-        raise InvalidComment(f"comment contains a lone surrogate ({lone[0]!r})")
     return comment
 
 
@@ -159,6 +155,10 @@ class Engine:
             command agrees on what a checkpoint holds.
         exclude_dirs: directories left out wherever they are (the store itself always is).
     """
+
+    #: The change journal of the layer (the daemon's): captures that write the files cache
+    #: walk only what it names. None: every capture walks the whole layer.
+    journal: Journal | None = None
 
     def __init__(
         self,
@@ -280,7 +280,7 @@ class Engine:
                 history, parent_tree = [parent, *pcp.history], pcp.top_tree
             except registry.UnknownCheckpoint:
                 history = [parent]
-        with self.store.writer() as w:
+        with open_epoch(self.journal) as ep, self.store.writer() as w:
             with pause() if pause is not None else contextlib.nullcontext():
                 r = capture(
                     self.root,
@@ -289,10 +289,13 @@ class Engine:
                     cache,
                     excludes=self.excludes,
                     progress=(lambda s: progress("capture", s)) if progress else None,
+                    hint=ep.hint,
+                    reread=ep.reread,
                 )
                 w.flush()
+            walk = ep.walked(r)
             if skip_unchanged and r.top_tree == parent_tree:
-                w.commit(lambda db: dircache.save(db, r.cache_changed, r.cache_removed))
+                w.commit(lambda db: _save_cache(db, r))
                 return None
             now = time.time_ns()
             if auto:
@@ -301,12 +304,13 @@ class Engine:
                 cid, seq = self.registry.next_manual_id()
             added = prewarmed + w.stats.bytes_stored
             cp = _checkpoint(cid, seq, auto, now, comment, created_by, parent, history, r, added)
+            cp.walk, cp.walk_reason = walk
             cp.record = w.put(cp.record_bytes(), ObjectKind.META)
 
             def commit(db: Any) -> None:
                 registry.insert(db, cp)
                 registry.set_meta(db, "active", cid)
-                dircache.save(db, r.cache_changed, r.cache_removed)
+                _save_cache(db, r)
 
             w.commit(commit)
         return cp
@@ -318,7 +322,7 @@ class Engine:
         checkpoint taken while it is down reads only what changed since. Returns the
         bytes it stored."""
         self._forget_lost()
-        with self.store.writer() as w:
+        with open_epoch(self.journal) as ep, self.store.writer() as w:
             r = capture(
                 self.root,
                 w,
@@ -326,9 +330,12 @@ class Engine:
                 dircache.load(self.store.catalog),
                 excludes=self.excludes,
                 progress=(lambda s: progress("prewarm", s)) if progress else None,
+                hint=ep.hint,
+                reread=ep.reread,
             )
             w.flush()
-            w.commit(lambda db: dircache.save(db, r.cache_changed, r.cache_removed))
+            ep.walked(r)
+            w.commit(lambda db: _save_cache(db, r))
             return w.stats.bytes_stored
 
     # -- compare ---------------------------------------------------------------------------
@@ -549,10 +556,8 @@ class Engine:
         return (
             f"store {self.store.path}: space not freed, the store is damaged: "
             + "; ".join(problems)
-            + f". Run: {CHECK_HINT} --store {self.store.path}. A later delete retries the "
-            "collection; it finishes once the damage is gone (delete the damaged checkpoints "
-            "named; a damaged catalog is repaired by sprite-env store rebuild-catalog, run "
-            "while no daemon has the store open)"
+            + f". Run: {CHECK_HINT} --store {self.store.path}; a later delete retries the "
+            "collection, which can finish once the damaged checkpoints are deleted"
         )
 
     def _resume_collection(self, pending: str) -> None:
@@ -606,6 +611,10 @@ class Engine:
             with self.store.catalog.transaction() as db:
                 purge(db, set())
         self._cache_purged = self._cache_purged | damaged
+
+
+def _save_cache(db: Any, r: CaptureResult) -> None:
+    dircache.save(db, r.cache_changed, r.cache_removed, removed_trees=r.cache_removed_trees)
 
 
 def _checkpoint(

@@ -71,6 +71,11 @@ class Checkpoint:
     bytes_added: int
     warnings: list[dict[str, str]] = field(default_factory=list)
     record: ObjectId | None = None
+    #: How the capture found what changed: "journal" (the change journal narrowed the
+    #: walk) or "full", with why a full walk. Records older than these fields decode with
+    #: the defaults: every capture then walked everything.
+    walk: str = "full"
+    walk_reason: str = ""
 
     @property
     def create_time(self) -> str:
@@ -92,6 +97,8 @@ class Checkpoint:
             "bytes": self.bytes,
             "bytes_added": self.bytes_added,
             "warnings": self.warnings,
+            "walk": self.walk,
+            "walk_reason": self.walk_reason,
             "is_active": self.id == active,
         }
 
@@ -105,7 +112,7 @@ class Checkpoint:
 
 _COLUMNS = (
     "id, seq, is_auto, create_time_ns, comment, created_by, parent, history, top_tree, "
-    "files, dirs, bytes, bytes_added, warnings, record"
+    "files, dirs, bytes, bytes_added, warnings, record, walk, walk_reason"
 )
 
 
@@ -126,6 +133,8 @@ def _from_row(r: tuple[Any, ...]) -> Checkpoint:
         bytes_added=r[12],
         warnings=json.loads(r[13]),
         record=ObjectId(bytes(r[14])),
+        walk=r[15],
+        walk_reason=r[16],
     )
 
 
@@ -182,7 +191,7 @@ def insert(db: sqlite3.Connection, c: Checkpoint) -> None:
     """Inserts a checkpoint row and makes it active (inside the capture's commit)."""
     assert c.record is not None
     db.execute(
-        f"INSERT INTO checkpoints({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        f"INSERT INTO checkpoints({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (
             c.id,
             c.seq,
@@ -199,6 +208,8 @@ def insert(db: sqlite3.Connection, c: Checkpoint) -> None:
             c.bytes_added,
             json.dumps(c.warnings),
             c.record,
+            c.walk,
+            c.walk_reason,
         ),
     )
     if c.seq is not None:

@@ -1,6 +1,6 @@
 """The catalog: one SQLite database (WAL) that is the store's single source of truth.
 
-Schema (version 2). This is the one place it is described; ``_MIGRATIONS`` creates it.
+Schema (version 3). This is the one place it is described; ``_MIGRATIONS`` creates it.
 
 ``meta(key TEXT PRIMARY KEY, value TEXT)``
     ``schema_version``; ``ingested_bytes`` (raw bytes ever offered to the store,
@@ -12,17 +12,20 @@ objects INTEGER)``
 raw_len INTEGER, kind INTEGER, codec INTEGER) WITHOUT ROWID``
     Where each object lives. ``offset`` is that of its entry header in the pack.
 
-The checkpoint layer's tables (version 2):
+The checkpoint layer's tables (version 2; version 3 added ``walk`` and ``walk_reason``):
 
 ``checkpoints(id TEXT PRIMARY KEY, seq INTEGER, is_auto INTEGER, create_time_ns INTEGER,
 comment TEXT, created_by TEXT, parent TEXT, history TEXT, top_tree BLOB, record BLOB,
-files INTEGER, dirs INTEGER, bytes INTEGER, bytes_added INTEGER, warnings TEXT)``
+files INTEGER, dirs INTEGER, bytes INTEGER, bytes_added INTEGER, warnings TEXT,
+walk TEXT, walk_reason TEXT)``
     One row per checkpoint. ``seq`` is the n of a manual ``vN`` (NULL for ``auto-...``);
     ``history`` is a JSON list of ancestor ids, nearest first; ``top_tree`` is the id of
     the tree holding the root directory as its one entry ``.``; ``record`` is the id of
     the META object that repeats this row, so ``rebuild`` can recover checkpoints from
-    packs; ``warnings`` is a JSON list of ``{"path", "message"}``. The row's insertion is
-    the commit point of a capture.
+    packs; ``warnings`` is a JSON list of ``{"path", "message"}``; ``walk`` is how the
+    capture found what changed, ``journal`` (narrowed by the change journal) or ``full``,
+    and ``walk_reason`` why a full walk (rows older than version 3: ``full``, ``""``).
+    The row's insertion is the commit point of a capture.
 ``dircache(path BLOB PRIMARY KEY, tree BLOB, stat BLOB)``
     The files cache, one row per directory of the live tree (path relative to the root,
     ``b""`` for the root): the tree id last captured or restored there, and the children's
@@ -56,7 +59,7 @@ from sprite_env.errors import StoreError
 from sprite_env.ids import ObjectId, PackName
 from sprite_env.store.pack import Entry
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _MIGRATIONS: list[str] = [
     # 0 -> 1
@@ -102,6 +105,11 @@ _MIGRATIONS: list[str] = [
     );
     CREATE TABLE dircache (path BLOB PRIMARY KEY, tree BLOB NOT NULL, stat BLOB NOT NULL);
     INSERT INTO meta VALUES ('next_seq', '0');
+    """,
+    # 2 -> 3
+    """
+    ALTER TABLE checkpoints ADD COLUMN walk TEXT NOT NULL DEFAULT 'full';
+    ALTER TABLE checkpoints ADD COLUMN walk_reason TEXT NOT NULL DEFAULT '';
     """,
 ]
 

@@ -1,0 +1,139 @@
+"""The engine with a journal: which walk each checkpoint took, recorded; restores and
+prewarms keep the journal's epochs honest."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+
+import pytest
+
+from sprite_env.checkpoints import Engine
+from sprite_env.checkpoints.engine import InvalidComment
+from sprite_env.checkpoints.hashonly import HashOnlySink
+from sprite_env.checkpoints.registry import Checkpoint
+from sprite_env.journal import Journal
+from sprite_env.snapshot.capture import capture
+from sprite_env.store import open_store
+from tests.helpers.daemon import write_file
+
+
+def _tree(layer: str) -> None:
+    for d in ("a/b", "c"):
+        for i in range(3):
+            write_file(f"{layer}/{d}/f{i}", b"%d" % i * 100)
+
+
+def _truth(engine: Engine) -> bytes:
+    sink = HashOnlySink(engine.store)
+    return capture(engine.root, sink, sink.read, {}, excludes=engine.excludes).top_tree
+
+
+def test_each_checkpoint_records_its_walk(layer: str, tmp_path: os.PathLike[str]) -> None:
+    _tree(layer)
+    store = os.path.join(os.fspath(tmp_path), "store")
+    with Engine(layer, store) as e:
+        v0 = e.create("no journal")
+        assert (v0.walk, v0.walk_reason) == ("full", "no change journal running")
+        with Journal(layer) as j:
+            e.journal = j
+            v1 = e.create()
+            assert v1.walk == "full"
+            assert "just started" in v1.walk_reason
+            time.sleep(0.06)  # past the racy window, so the hint alone decides
+            write_file(f"{layer}/a/b/f1", b"changed")
+            v2 = e.create()
+            assert (v2.walk, v2.walk_reason) == ("journal", "")
+            assert v2.top_tree == _truth(e)
+            assert (v2.files, v2.dirs, v2.bytes) == (6, 4, 5 * 100 + 7)
+            assert e.info("v2").to_json()["walk"] == "journal"
+    with Engine(layer, store) as e:  # the fields are in the row, and in the META record
+        assert [(c.id, c.walk) for c in e.checkpoints()] == [
+            ("v2", "journal"),
+            ("v1", "full"),
+            ("v0", "full"),
+        ]
+        raw = json.loads(e.store.read(e.info("v2").record))["checkpoint"]
+        assert raw["walk"] == "journal"
+
+
+def test_records_without_the_fields_still_decode(tmp_path: os.PathLike[str]) -> None:
+    """A catalog of schema 2 (before ``walk``) opens with every old row a full walk, and a
+    META record written before the fields existed decodes (``registry.recover``)."""
+    path = os.path.join(os.fspath(tmp_path), "store")
+    with open_store(path, create=True):
+        pass
+    db = sqlite3.connect(os.path.join(path, "catalog.db"))
+    db.execute("ALTER TABLE checkpoints DROP COLUMN walk")
+    db.execute("ALTER TABLE checkpoints DROP COLUMN walk_reason")
+    old = dict(
+        id="v0", seq=0, is_auto=0, create_time_ns=1, comment="", created_by="user",
+        parent=None, history="[]", top_tree=b"\0" * 32, record=b"\1" * 32, files=1, dirs=1,
+        bytes=1, bytes_added=1, warnings="[]",
+    )  # fmt: skip
+    db.execute(
+        f"INSERT INTO checkpoints({','.join(old)}) VALUES ({','.join('?' * len(old))})",
+        list(old.values()),
+    )
+    db.execute("PRAGMA user_version=2")
+    db.commit()
+    db.close()
+    with open_store(path) as s:
+        from sprite_env.checkpoints.registry import Registry
+
+        cp = Registry(s.catalog).get("v0")
+        assert (cp.walk, cp.walk_reason) == ("full", "")
+    d = {k: v for k, v in old.items() if k != "record"}
+    d.update(history=[], top_tree=b"\0" * 32, warnings=[], is_auto=False)
+    assert Checkpoint(**d).walk == "full"  # type: ignore[arg-type]
+
+
+def test_restores_and_prewarms_are_seen_by_the_journal(
+    layer: str, tmp_path: os.PathLike[str]
+) -> None:
+    _tree(layer)
+    with Engine(layer, os.path.join(os.fspath(tmp_path), "store")) as e, Journal(layer) as j:
+        e.journal = j
+        e.create()
+        time.sleep(0.06)
+        write_file(f"{layer}/c/new", b"new")
+        os.unlink(f"{layer}/a/b/f0")
+        v1 = e.create()
+        assert v1.walk == "journal"
+        e.restore("v0")  # its undo checkpoint is journal-driven; its writes are events
+        time.sleep(0.06)
+        v2 = e.create()
+        assert v2.walk == "journal"
+        assert v2.top_tree == _truth(e) == e.info("v0").top_tree
+        write_file(f"{layer}/a/x", b"x")
+        e.prewarm()  # an epoch of its own: the create after it builds on it
+        time.sleep(0.06)
+        os.chmod(f"{layer}/c", 0o700)
+        v3 = e.create()
+        assert v3.walk == "journal"
+        assert v3.top_tree == _truth(e)
+
+
+def test_a_failed_capture_makes_the_next_walk_full(layer: str, tmp_path: os.PathLike[str]) -> None:
+    _tree(layer)
+    with Engine(layer, os.path.join(os.fspath(tmp_path), "store")) as e, Journal(layer) as j:
+        e.journal = j
+        e.create()
+        with pytest.raises(InvalidComment):
+            e.create("\x00 is not a comment")  # refused before any capture: epoch untouched
+        assert e.create().walk == "journal"
+
+        class Boom(Exception):
+            pass
+
+        def pause() -> object:
+            raise Boom
+
+        with pytest.raises(Boom):
+            e.create(pause=pause)  # type: ignore[arg-type]
+        nxt = e.create()
+        assert nxt.walk == "full"
+        assert "did not finish" in nxt.walk_reason
+        assert nxt.top_tree == _truth(e)
