@@ -75,6 +75,11 @@ def check_comment(comment: str) -> str:
     bad = [c for c in comment if unicodedata.category(c) == "Cc" and c not in "\t"]
     if bad:
         raise InvalidComment(f"comment contains control characters ({bad[0]!r})")
+    # A lone surrogate (JSON "\ud800") has no UTF-8 form: the commit would fail after
+    # the whole capture.
+    lone = [c for c in comment if unicodedata.category(c) == "Cs"]
+    if lone:
+        raise InvalidComment(f"comment contains a lone surrogate ({lone[0]!r})")
     return comment
 
 
@@ -556,8 +561,10 @@ class Engine:
         return (
             f"store {self.store.path}: space not freed, the store is damaged: "
             + "; ".join(problems)
-            + f". Run: {CHECK_HINT} --store {self.store.path}; a later delete retries the "
-            "collection, which can finish once the damaged checkpoints are deleted"
+            + f". Run: {CHECK_HINT} --store {self.store.path}. A later delete retries the "
+            "collection; it finishes once the damage is gone (delete the damaged checkpoints "
+            "named; a damaged catalog is repaired by sprite-env store rebuild-catalog, run "
+            "while no daemon has the store open)"
         )
 
     def _resume_collection(self, pending: str) -> None:
