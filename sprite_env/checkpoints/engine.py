@@ -16,13 +16,16 @@ reported and stays pending for a later delete (see :meth:`Engine.collect`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
+import shlex
 import sqlite3
+import stat
 import time
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -33,11 +36,22 @@ from sprite_env.checkpoints.hashonly import HashOnlySink
 from sprite_env.checkpoints.registry import Checkpoint, Registry
 from sprite_env.errors import SnapshotError, SpriteError, StoreError, UserError
 from sprite_env.journal import Journal, open_epoch
-from sprite_env.snapshot import dircache
+from sprite_env.overlay.merge import MergedTrees
+from sprite_env.snapshot import dircache, plan, preflight
 from sprite_env.snapshot.capture import CaptureResult, CaptureStats, Excludes, capture
-from sprite_env.snapshot.diff import Change, Difference, diff_trees
-from sprite_env.snapshot.restore import RestoreResult, RestoreStats, restore
-from sprite_env.snapshot.tree import decode_tree, encode_tree
+from sprite_env.snapshot.diff import Counted, Difference, count_changes
+from sprite_env.snapshot.paths import (
+    InvalidPath,
+    Parts,
+    PathNotFound,
+    graft,
+    lookup,
+    minimal,
+    parse_path,
+    show,
+)
+from sprite_env.snapshot.restore import PATCH_MIN, RestoreResult, RestoreStats, restore
+from sprite_env.snapshot.tree import Kind, TreeEntry, decode_chunks, decode_tree, encode_tree
 from sprite_env.store import ObjectKind, Store, open_store
 from sprite_env.store.faults import crashpoint
 from sprite_env.store.prune import PruneReport, plan_prune
@@ -67,6 +81,54 @@ class ActiveCheckpoint(UserError):
 
 class InvalidComment(UserError):
     code = "invalid_comment"
+
+
+class RestoreFailed(SnapshotError):
+    """A restore (or reset) that stopped after it began changing the layer.
+
+    The layer is then partly restored: some paths are as in the target, the others as
+    before (the undo checkpoint holds that state whole). The intent stays recorded with the
+    failure, so the daemon reports it (``/v1/status``) and keeps serving; another restore,
+    to the target (finish) or to the undo checkpoint (roll back), replaces it.
+    """
+
+    exit_code = 6
+
+    def __init__(
+        self,
+        target: str | None,
+        undo: str | None,
+        cause: BaseException,
+        paths: list[str] | None = None,
+    ) -> None:
+        full = isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)
+        self.code = "no_space" if full else "restore_failed"
+        what = f"restore to {target}" if target else "reset"
+        if paths:
+            what = f"restore of {', '.join(show(os.fsencode(p)) for p in paths)} from {target}"
+        if isinstance(cause, OSError) and not isinstance(cause, SpriteError):
+            shown = cause.strerror or str(cause)
+            if cause.filename is not None:
+                shown += f": {os.fsdecode(cause.filename)}"
+        else:
+            shown = str(cause)
+        super().__init__(
+            f"{what} failed part-way ({shown}): the layer is partly restored. "
+            + resume_hint(target, undo, paths)
+        )
+        self.target = target
+        self.undo = undo
+        self.paths = paths
+
+
+def resume_hint(target: str | None, undo: str | None, paths: list[str] | None = None) -> str:
+    """How to finish or roll back a restore (of ``paths`` only, if given) that did not
+    finish."""
+    finish = f"sprite-env restore {target} --yes" if target else "sprite-env reset --yes"
+    if paths:
+        finish += "".join(f" --path {shlex.quote(show(os.fsencode(p)))}" for p in paths)
+    back = f"; or roll back with: sprite-env restore {undo} --yes" if undo else ""
+    return f"Finish it (once the cause is fixed) with: {finish}{back}"
 
 
 def check_comment(comment: str) -> str:
@@ -118,12 +180,17 @@ class RestoreReport:
     stats: RestoreStats
     warnings: list[str] = field(default_factory=list)
     resumed: bool = False
+    noop: bool = False  # the layer already was the target: nothing was done
+    #: The paths restored (``restore_paths``); empty: the whole layer.
+    paths: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "undo": self.undo,
             "resumed": self.resumed,
+            "noop": self.noop,
+            "paths": self.paths,
             "warnings": self.warnings,
             **self.stats.__dict__,
         }
@@ -131,22 +198,29 @@ class RestoreReport:
 
 @dataclass
 class Preview:
-    """What a restore would do: counts, and the paths."""
+    """What a restore would do, in its own words (``snapshot.plan``): per path, the change
+    since the target and the action that undoes it, each counted in entries."""
 
     target: str
-    differences: list[Difference]
+    items: list[Counted]
+
+    @property
+    def differences(self) -> list[Difference]:
+        """The changes since the target (the live tree's side), one per path."""
+        return [it.difference for it in self.items]
 
     def counts(self) -> dict[str, int]:
-        # A restore undoes the live changes: what was added since is removed, and so on.
-        out = {"create": 0, "change": 0, "remove": 0}
-        for d in self.differences:
-            if d.change is Change.ADDED:
-                out["remove"] += 1
-            elif d.change is Change.REMOVED:
-                out["create"] += 1
-            else:
-                out["change"] += 1
-        return out
+        """Entries per action, as the restore will report them; ``remove`` is the old
+        name of ``delete``, kept for clients of the API."""
+        c = plan.counts(self.items)
+        return {**c, "remove": c["delete"]}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.target,
+            "counts": self.counts(),
+            "changes": [plan.step_json(it) for it in self.items],
+        }
 
 
 class Engine:
@@ -154,7 +228,10 @@ class Engine:
 
     Args:
         root: the layer to capture and restore.
-        store_dir: the store (created if missing).
+        store_dir: the store.
+        create: create the store if it is missing (the daemon, in its state directory);
+            False: a missing store is :class:`NotAStore` and nothing is created (offline
+            commands: only ``store init`` creates one, issue 10).
         excludes: fnmatch patterns of paths (relative to root) never captured or touched.
             Given, they replace the store's saved list; None uses the saved list, so every
             command agrees on what a checkpoint holds.
@@ -174,9 +251,10 @@ class Engine:
         exclude_dirs: list[str] | None = None,
         resume: bool = True,
         progress: Progress | None = None,
+        create: bool = True,
     ) -> None:
         self.root = root
-        self.store: Store = open_store(store_dir, create=True)
+        self.store: Store = open_store(store_dir, create=create)
         try:
             self.registry = Registry(self.store.catalog)
             if excludes is None:
@@ -189,8 +267,16 @@ class Engine:
                 self.excludes.add_dir(d)
             self._bind_cache_to_root()
             self._forget_lost()
+            #: Why a restore interrupted by a crash could not be finished at this open
+            #: (it stays recorded, see :meth:`interrupted_restore`), or None.
+            self.resume_error: RestoreFailed | None = None
+            self._verified: set[ObjectId] = set()
             if resume:
-                self.resume_pending(progress)
+                try:
+                    self.resume_pending(progress)
+                except RestoreFailed as e:
+                    self.resume_error = e
+                    log.error("%s", e)
         except BaseException:
             self.store.close()
             raise
@@ -271,6 +357,8 @@ class Engine:
         *,
         skip_unchanged: bool,
         pause: Pause | None = None,
+        auto_id: str | None = None,
+        skip_if: ObjectId | None = None,
     ) -> Checkpoint | None:
         check_comment(comment)
         self._forget_lost()  # before the files cache is loaded: it must not reuse lost data
@@ -299,11 +387,13 @@ class Engine:
                 )
                 w.flush()
             walk = ep.walked(r)
-            if skip_unchanged and r.top_tree == parent_tree:
+            if (skip_unchanged and r.top_tree == parent_tree) or r.top_tree == skip_if:
                 w.commit(lambda db: _save_cache(db, r))
                 return None
             now = time.time_ns()
-            if auto:
+            if auto and auto_id is not None:
+                cid, seq = auto_id, None
+            elif auto:
                 cid, seq = self.registry.next_auto_id(now), None
             else:
                 cid, seq = self.registry.next_manual_id()
@@ -352,34 +442,139 @@ class Engine:
         )
         return r, sink
 
-    def diff(self, a: str, b: str | None = None) -> list[Difference]:
-        """Changes from checkpoint ``a`` to checkpoint ``b`` (default: the live tree)."""
+    def diff(self, a: str, b: str | None = None, *, base_image: str | None = None) -> list[Counted]:
+        """Changes from checkpoint ``a`` to checkpoint ``b`` (default: the live tree),
+        each counted in entries.
+
+        Args:
+            base_image: LOWER of the overlay whose UPPER this engine's root is: compare
+                the merged views (what a user sees in MERGED), not UPPER's whiteouts.
+        """
         ca = self.registry.get(a)
         if b is not None:
             cb = self.registry.get(b)
-            return list(diff_trees(self.store.read, ca.top_tree, cb.top_tree))
+            return self._compare(self.store.read, ca.top_tree, cb.top_tree, base_image)
         live, sink = self._capture_live()
-        return list(diff_trees(sink.read, ca.top_tree, live.top_tree))
+        return self._compare(sink.read, ca.top_tree, live.top_tree, base_image)
 
-    def preview(self, cid: str) -> Preview:
-        """What ``restore(cid)`` would create, change and remove, without doing it."""
+    def preview(self, cid: str, *, base_image: str | None = None) -> Preview:
+        """What ``restore(cid)`` would delete, create, change and fix, without doing it
+        (``base_image``: as in :meth:`diff`)."""
         target = self.registry.get(cid)
         live, sink = self._capture_live()
-        return Preview(cid, list(diff_trees(sink.read, target.top_tree, live.top_tree)))
+        return Preview(cid, self._compare(sink.read, target.top_tree, live.top_tree, base_image))
+
+    @staticmethod
+    def _compare(
+        read_tree: Callable[[ObjectId], bytes],
+        old: ObjectId,
+        new: ObjectId,
+        base_image: str | None,
+    ) -> list[Counted]:
+        if base_image is not None:
+            merged = MergedTrees(read_tree, base_image)
+            read_tree, old, new = merged.read, merged.top(old), merged.top(new)
+        return list(count_changes(read_tree, old, new))
 
     # -- restore ---------------------------------------------------------------------------
 
     def restore(
-        self, cid: str, *, created_by: str = "user", progress: Progress | None = None
+        self,
+        cid: str,
+        *,
+        created_by: str = "user",
+        progress: Progress | None = None,
+        undo_id: str | None = None,
     ) -> RestoreReport:
-        """Makes the root equal to checkpoint ``cid``; see the module docstring."""
+        """Makes the root equal to checkpoint ``cid``; see the module docstring.
+
+        Args:
+            cid: the checkpoint to restore.
+            created_by: who asks (recorded on the undo checkpoint).
+            progress: the progress callback.
+            undo_id: the id for the undo checkpoint, reserved beforehand (with
+                :meth:`reserve_auto_id`) so that a caller whose session the restore ends
+                could be told it first.
+
+        A restore to the state the layer is already in changes nothing and takes no undo
+        checkpoint (``RestoreReport.noop``): the capture that would have been the undo
+        checkpoint shows it, and is then not committed as one.
+        """
         target = self.registry.get(cid)
-        undo = self.create(
-            f"before restore to {cid}", created_by=created_by, auto=True, progress=progress
+        undo = self._create(
+            f"before restore to {cid}",
+            created_by,
+            True,
+            progress,
+            skip_unchanged=False,
+            auto_id=undo_id,
+            skip_if=target.top_tree,
         )
-        self._write_intent({"target": cid, "undo": undo.id})
-        res = self._restore_to(target.top_tree, target.id, undo.top_tree, self.store.read, progress)
+        if undo is None:  # the layer already is the target
+            self.set_active(cid)
+            return RestoreReport(cid, None, RestoreStats(), noop=True)
+        try:
+            self._preflight(cid, target.top_tree, undo.top_tree, self.store.read)
+            self._write_intent({"target": cid, "undo": undo.id})
+            res = self._restore_to(
+                target.top_tree, target.id, undo.top_tree, self.store.read, progress, undo.id
+            )
+        finally:
+            self._verified.clear()
         return RestoreReport(cid, undo.id, res.stats, res.warnings)
+
+    def reserve_auto_id(self) -> str:
+        """The id the next automatic checkpoint will get, for ``restore(undo_id=...)``."""
+        return self.registry.next_auto_id()
+
+    def set_active(self, cid: str) -> None:
+        """Makes ``cid`` the checkpoint the layer is on (it must equal it)."""
+        if self.registry.active() != cid:
+            with self.store.catalog.transaction() as db:
+                registry.set_meta(db, "active", cid)
+
+    def check_restore(self, cid: str) -> bool:
+        """Checks, without changing anything, that ``restore(cid)`` can be done now: room
+        on the layer's file system, and every object it will read present and intact
+        (those are remembered, so the restore that follows does not read them again).
+
+        Returns:
+            False when the layer already equals ``cid`` (the restore would change nothing).
+
+        Raises:
+            UnknownCheckpoint: no such checkpoint.
+            preflight.RestoreWontFit: too little room (code ``no_space``).
+            preflight.CheckpointDamaged: a damaged object, named with its path.
+        """
+        target = self.registry.get(cid)
+        live, sink = self._capture_live()
+        if live.top_tree == target.top_tree:
+            return False
+        self._preflight(cid, target.top_tree, live.top_tree, sink.read)
+        return True
+
+    def _preflight(
+        self,
+        cid: str,
+        target_top: ObjectId,
+        live_top: ObjectId,
+        read_tree: Callable[[ObjectId], bytes],
+    ) -> None:
+        def read_verified(oid: ObjectId) -> bytes:
+            data = self.store.read(oid)
+            self._verified.add(oid)
+            return data
+
+        try:
+            block = os.statvfs(self.root).f_frsize or 4096
+            needs = preflight.plan_needs(
+                read_tree, read_verified, live_top, target_top, block=block, patch_min=PATCH_MIN
+            )
+        except SpriteError as e:  # a damaged tree or chunk list of the target
+            raise preflight.CheckpointDamaged(cid, b".", e) from None
+        preflight.check_space(self.root, needs, what=f"restoring {cid}")
+        needs.objects = {o: p for o, p in needs.objects.items() if o not in self._verified}
+        preflight.verify_objects(read_verified, needs, cid)
 
     def reset(self, *, created_by: str = "user", progress: Progress | None = None) -> RestoreReport:
         """Empties the layer (back to the base image below it), keeping every checkpoint;
@@ -387,7 +582,7 @@ class Engine:
         undo = self.create("before reset", created_by=created_by, auto=True, progress=progress)
         self._write_intent({"target": None, "undo": undo.id})
         empty = self._empty_top(undo.top_tree)
-        res = self._restore_to(empty, None, undo.top_tree, self.store.read, progress)
+        res = self._restore_to(empty, None, undo.top_tree, self.store.read, progress, undo.id)
         return RestoreReport(None, undo.id, res.stats, res.warnings)
 
     def _empty_top(self, top: ObjectId) -> ObjectId:
@@ -415,66 +610,327 @@ class Engine:
         live_top: ObjectId,
         read_tree: Callable[[ObjectId], bytes],
         progress: Progress | None,
+        undo: str | None,
+        *,
+        paths: list[str] | None = None,
     ) -> RestoreResult:
-        res = restore(
-            self.root,
-            read_tree,
-            self.store.read,
-            live_top,
-            target_top,
-            excludes=self.excludes,
-            progress=(lambda s: progress("restore", s)) if progress else None,
-        )
+        """Runs the restore and commits it. ``paths``: a restore of those paths only (the
+        layer is then on no checkpoint it was not on before, so the active one stays)."""
+        try:
+            res = restore(
+                self.root,
+                read_tree,
+                self.store.read,
+                live_top,
+                target_top,
+                excludes=self.excludes,
+                progress=(lambda s: progress("restore", s)) if progress else None,
+            )
+        except (SpriteError, OSError) as e:
+            # The layer is partly restored. Keep the intent (so nothing forgets it) but mark
+            # it failed: it is reported and not retried blindly at the next start.
+            self._fail_intent(e)
+            raise RestoreFailed(target_id, undo, e, paths) from e
         crashpoint("restore-before-commit")
         with self.store.catalog.transaction() as db:
             dircache.save(db, res.cache_changed, removed_trees=res.cache_removed)
-            registry.set_meta(db, "active", target_id)
+            if not paths:
+                registry.set_meta(db, "active", target_id)
             registry.set_meta(db, "restore_intent", None)
         return res
 
     def pending_restore(self) -> dict[str, Any] | None:
         raw = self.store.catalog.meta("restore_intent")
-        return json.loads(raw) if raw else None
+        try:
+            intent = json.loads(raw) if raw else None
+        except ValueError:
+            intent = {"target": None, "undo": None, "failed": {"error": "unreadable intent"}}
+        return intent if isinstance(intent, dict) else None
+
+    def _fail_intent(self, error: BaseException) -> None:
+        intent = self.pending_restore()
+        if intent is None:
+            return
+        intent["failed"] = {"error": str(error), "time_ns": time.time_ns()}
+        try:
+            with self.store.catalog.transaction() as db:
+                registry.set_meta(db, "restore_intent", json.dumps(intent))
+        except (SpriteError, OSError, sqlite3.Error) as e:  # a full disk may refuse this too
+            log.error("could not record the failed restore: %s", e)
+
+    def interrupted_restore(self) -> dict[str, Any] | None:
+        """A restore that did not finish: what it was doing, why it stopped, what state the
+        layer is in and how to finish or roll it back; None when there is none."""
+        intent = self.pending_restore()
+        if intent is None:
+            return None
+        target, undo = intent.get("target"), intent.get("undo")
+        chosen = [str(p) for p in intent.get("paths") or []]
+        finish = f"sprite-env restore {target} --yes" if target else "sprite-env reset --yes"
+        finish += "".join(f" --path {shlex.quote(show(os.fsencode(p)))}" for p in chosen)
+        failed = intent.get("failed") or {}
+        reason = failed.get("error") or (
+            str(self.resume_error) if self.resume_error else "interrupted (the daemon stopped)"
+        )
+        return {
+            "target": target,
+            "undo": undo,
+            "started": _rfc3339(intent.get("time_ns")),
+            "error": reason,
+            "layer": f"partly restored: some paths as in {target or 'the base image'}, "
+            f"the others as in {undo or 'the state before'}",
+            "paths": chosen,
+            "finish": finish,
+            "roll_back": f"sprite-env restore {undo} --yes" if undo else None,
+        }
 
     def resume_pending(self, progress: Progress | None = None) -> RestoreReport | None:
-        """Finishes an interrupted delete's collection and an interrupted restore."""
+        """Finishes an interrupted delete's collection and a restore a crash interrupted.
+
+        A restore that failed (rather than being killed) is not retried here: the layer may
+        have changed since (the environment ran on), and retrying what failed for a
+        cause still present only fails again. It stays recorded and reported until another
+        restore replaces it.
+
+        Raises:
+            RestoreFailed: the interrupted restore could not be finished now (the intent
+                is then marked failed).
+        """
         pending_gc = self.store.catalog.meta("gc_pending")
         if pending_gc:
             self._resume_collection(pending_gc)
         intent = self.pending_restore()
-        if intent is None:
+        if intent is None or intent.get("failed"):
             return None
+        target, undo = intent.get("target"), intent.get("undo")
+        chosen = [str(p) for p in intent.get("paths") or []] or None
         try:
-            if intent["target"] is None:  # a reset
-                top = self._empty_top(self.registry.get(intent["undo"]).top_tree)
+            if target is None:  # a reset
+                top = self._empty_top(self.registry.get(str(undo)).top_tree)
+            elif chosen:  # those paths of the target over the state before (rebuilt)
+                before = self.registry.get(str(undo)).top_tree
+                top = self._graft(before, self.registry.get(target).top_tree, chosen)
             else:
-                top = self.registry.get(intent["target"]).top_tree
-        except registry.UnknownCheckpoint:
-            raise SnapshotError(
-                f"an interrupted restore needs {intent['target'] or intent['undo']}, which is gone"
-            ) from None
-        live, sink = self._capture_live()  # the half-restored tree as it is now
-        res = self._restore_to(top, intent["target"], live.top_tree, sink.read, progress)
-        return RestoreReport(intent["target"], intent.get("undo"), res.stats, res.warnings, True)
+                top = self.registry.get(target).top_tree
+            live, sink = self._capture_live()  # the half-restored tree as it is now
+            self._preflight(target or "the base image", top, live.top_tree, sink.read)
+        except (SpriteError, OSError) as e:  # gone, damaged, too big: nothing changed now
+            self._fail_intent(e)
+            raise RestoreFailed(target, undo, e, chosen) from e
+        finally:
+            self._verified.clear()
+        res = self._restore_to(top, target, live.top_tree, sink.read, progress, undo, paths=chosen)
+        return RestoreReport(target, undo, res.stats, res.warnings, True, paths=chosen or [])
 
-    def export(self, cid: str, dest: str, *, progress: Progress | None = None) -> RestoreStats:
-        """Writes checkpoint ``cid`` into the empty directory ``dest`` (root untouched)."""
+    def export(
+        self,
+        cid: str,
+        dest: str,
+        *,
+        paths: list[str] | None = None,
+        progress: Progress | None = None,
+    ) -> RestoreStats:
+        """Writes checkpoint ``cid`` (or only ``paths`` of it, with the directories leading
+        to them) into the empty directory ``dest`` (root untouched).
+
+        Raises:
+            UnknownCheckpoint, InvalidPath, PathNotFound: a bad id or path.
+            UserError: ``dest`` is not empty.
+            StoreError: the checkpoint is damaged.
+        """
         target = self.registry.get(cid)
+        top = target.top_tree
+        read_tree: Callable[[ObjectId], bytes] = self.store.read
+        if paths:
+            chosen = self._chosen(cid, target.top_tree, paths, live=False)
+            sink = HashOnlySink(self.store)  # the selection's trees, in memory only
+            top = graft(sink.read, lambda d: sink.put(d, ObjectKind.TREE), None, top, chosen)
+            read_tree = sink.read
         if os.listdir(dest):
             raise UserError(f"{dest} is not empty")
         try:
             res = restore(
                 dest,
-                self.store.read,
+                read_tree,
                 self.store.read,
                 None,
-                target.top_tree,
+                top,
                 progress=(lambda s: progress("restore", s)) if progress else None,
                 refresh_cache=False,
             )
         except StoreError as e:  # lost or damaged objects: say whose
             raise StoreError(f"checkpoint {cid} is damaged: {e} (see: {CHECK_HINT})") from None
         return res.stats
+
+    # -- single paths ------------------------------------------------------------------------
+
+    def find(self, cid: str, path: str | bytes) -> TreeEntry:
+        """The entry at ``path`` (relative to the layer's root; ``/`` is the root) in
+        checkpoint ``cid``, automatic ones included, mounted or not.
+
+        Raises:
+            UnknownCheckpoint: no such checkpoint.
+            InvalidPath: ``..``, NUL, or a symlink or file on the way (never followed).
+            PathNotFound: no such entry in that checkpoint (code ``not_found``).
+        """
+        cp = self.registry.get(cid)
+        parts = parse_path(path)
+        entry = lookup(self.store.read, cp.top_tree, parts, cid)
+        if entry is None:
+            raise PathNotFound(f"no {show(parts)} in checkpoint {cid}")
+        return entry
+
+    def entries(self, entry: TreeEntry) -> list[TreeEntry]:
+        """A directory entry's children, sorted by name."""
+        return decode_tree(self.store.read(entry.subtree))
+
+    def read_file(self, entry: TreeEntry, *, block: int = 1 << 20) -> Iterator[bytes]:
+        """A file entry's bytes, piece by piece (holes as zeros, at most ``block`` at a
+        time), read as they are consumed: a file of any size costs one chunk of memory.
+
+        Raises:
+            InvalidPath: not a regular file.
+            StoreError: a piece is missing or damaged (raised where it is reached).
+        """
+        from sprite_env.ids import ObjectId  # noqa: PLC0415 (a NewType, only here at runtime)
+
+        if entry.kind is not Kind.FILE:
+            raise InvalidPath(f"{show(entry.name)[1:]} is a {entry.kind.name.lower()}, not a file")
+        raw = self.store.read(ObjectId(entry.payload)) if entry.indirect else entry.payload
+        for oid, off, n in decode_chunks(raw):
+            if oid is None:
+                while n > 0:
+                    yield bytes(min(n, block))
+                    n -= block
+                continue
+            piece = self.store.read(oid)[off : off + n]
+            if len(piece) != n:
+                raise StoreError(f"chunk {oid.hex()[:16]} is shorter than its piece")
+            yield piece
+
+    def restore_paths(
+        self,
+        cid: str,
+        paths: list[str],
+        *,
+        created_by: str = "user",
+        progress: Progress | None = None,
+        undo_id: str | None = None,
+    ) -> RestoreReport:
+        """Makes only ``paths`` (files or whole subtrees) of the layer as in checkpoint
+        ``cid``, leaving everything else alone: a path the checkpoint holds is written (its
+        missing parent directories created as the checkpoint has them), one it does not
+        hold is deleted. Undoable like any restore: an automatic checkpoint of the whole
+        layer comes first (as in :meth:`restore`, ``undo_id`` reserves its id). The
+        directories above the paths keep their live metadata; the active checkpoint stays.
+
+        Raises:
+            UnknownCheckpoint, InvalidPath, PathNotFound: a bad id or path (nothing changed;
+                a path in neither the checkpoint nor the live layer is not found).
+            RestoreFailed: it stopped part-way (resumable like a whole restore).
+        """
+        target = self.registry.get(cid)
+        chosen = self._chosen(cid, target.top_tree, paths, live=True)
+        texts = [os.fsdecode(b"/" + b"/".join(p)) for p in chosen]  # lossless (intent)
+        comment = f"before restore of {_brief(chosen)} from {cid}"
+        if undo_id is not None:
+            undo = self._create(
+                comment, created_by, True, progress, skip_unchanged=False, auto_id=undo_id
+            )
+        else:
+            undo = self.create_if_changed(comment, created_by=created_by, progress=progress)
+            active = self.registry.active()
+            if undo is None and active is not None:
+                undo = self.registry.get(active)  # the layer is exactly that checkpoint
+        if undo is None:  # no checkpoint yet and an unchanged layer: take one anyway
+            undo = self.create(comment, created_by=created_by, auto=True, progress=progress)
+        top = self._graft(undo.top_tree, target.top_tree, texts)
+        if top == undo.top_tree:  # those paths already are as in cid
+            return RestoreReport(cid, None, RestoreStats(), noop=True, paths=texts)
+        try:
+            self._preflight(cid, top, undo.top_tree, self.store.read)
+            self._write_intent({"target": cid, "undo": undo.id, "paths": texts})
+            res = self._restore_to(
+                top, cid, undo.top_tree, self.store.read, progress, undo.id, paths=texts
+            )
+        finally:
+            self._verified.clear()
+        return RestoreReport(cid, undo.id, res.stats, res.warnings, paths=texts)
+
+    def check_restore_paths(self, cid: str, paths: list[str]) -> bool:
+        """:meth:`check_restore` for :meth:`restore_paths`: False when those paths already
+        are as in ``cid``; raises what ``restore_paths`` would, before anything changes."""
+        target = self.registry.get(cid)
+        chosen = self._chosen(cid, target.top_tree, paths, live=True)
+        live, sink = self._capture_live()
+        top = graft(
+            sink.read,
+            lambda d: sink.put(d, ObjectKind.TREE),
+            live.top_tree,
+            target.top_tree,
+            chosen,
+        )
+        if top == live.top_tree:
+            return False
+        self._preflight(cid, top, live.top_tree, sink.read)
+        return True
+
+    def preview_paths(
+        self, cid: str, paths: list[str], *, base_image: str | None = None
+    ) -> Preview:
+        """What ``restore_paths(cid, paths)`` would do, without doing it (``base_image``: as
+        in :meth:`diff`)."""
+        target = self.registry.get(cid)
+        chosen = self._chosen(cid, target.top_tree, paths, live=True)
+        live, sink = self._capture_live()
+        top = graft(
+            sink.read,
+            lambda d: sink.put(d, ObjectKind.TREE),
+            live.top_tree,
+            target.top_tree,
+            chosen,
+        )
+        return Preview(cid, self._compare(sink.read, top, live.top_tree, base_image))
+
+    def check_paths(self, cid: str, paths: list[str], *, live: bool = True) -> None:
+        """Refuses, as :meth:`restore_paths` (``live``) or :meth:`export` would, paths that
+        cannot be restored or exported from ``cid``; cheap (lookups and lstat), for a host
+        to answer before it queues the job.
+
+        Raises:
+            UnknownCheckpoint, InvalidPath, PathNotFound.
+        """
+        self._chosen(cid, self.registry.get(cid).top_tree, paths, live=live)
+
+    def _chosen(self, cid: str, top: ObjectId, paths: list[str], *, live: bool) -> list[Parts]:
+        """The paths, parsed and checked against checkpoint ``cid`` (and, with ``live``, the
+        live layer, by lstat along the path: nothing is followed)."""
+        chosen = minimal([parse_path(p) for p in paths])
+        if not chosen:
+            raise InvalidPath("no path given")
+        if () in chosen:
+            raise InvalidPath(
+                "the path / is the whole layer: leave out the paths to restore or export all"
+            )
+        for p in chosen:
+            here = lookup(self.store.read, top, p, cid) is not None
+            if live:
+                there = _live_exists(self.root, p)  # first: it refuses a symlink on the way
+                if not (here or there):
+                    raise PathNotFound(f"{show(p)} is neither in {cid} nor in the live layer")
+            elif not here:
+                raise PathNotFound(f"no {show(p)} in checkpoint {cid}")
+        return chosen
+
+    def _graft(self, base: ObjectId, source: ObjectId, texts: list[str]) -> ObjectId:
+        """``base`` with ``texts`` as in ``source`` (``snapshot.paths.graft``), stored: the
+        restore's files cache names these trees. Like a reset's empty tree they belong to
+        no checkpoint, and are rebuilt from the undo checkpoint when a restore resumes."""
+        chosen = [parse_path(t) for t in texts]
+        with self.store.writer() as w:
+            top = graft(self.store.read, lambda d: w.put(d, ObjectKind.TREE), base, source, chosen)
+            w.commit()
+        return top
 
     # -- delete ----------------------------------------------------------------------------
 
@@ -653,3 +1109,47 @@ def _checkpoint(
         bytes_added=bytes_added,
         warnings=[w.to_json() for w in r.warnings],
     )
+
+
+def _brief(chosen: list[Parts]) -> str:
+    """The paths for a comment: at most three, control characters escaped."""
+    text = ", ".join(show(p) for p in chosen[:3])
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text + (f" and {len(chosen) - 3} more" if len(chosen) > 3 else "")
+
+
+def _live_exists(root: str, parts: Parts) -> bool:
+    """Whether ``parts`` exists in the live tree at ``root``, walking with ``O_NOFOLLOW``.
+
+    Raises:
+        InvalidPath: a component on the way is a symlink or not a directory.
+    """
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for depth, name in enumerate(parts):
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return False
+            if depth == len(parts) - 1:
+                return True
+            if not stat.S_ISDIR(st.st_mode):
+                what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
+                raise InvalidPath(
+                    f"{show(parts[: depth + 1])} is {what} in the live layer: paths are not "
+                    f"followed through it; name {show(parts[: depth + 1])} itself"
+                )
+            nfd = os.open(
+                name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+            )
+            os.close(fd)
+            fd = nfd
+        return True
+    finally:
+        os.close(fd)
+
+
+def _rfc3339(ns: object) -> str | None:
+    if not isinstance(ns, int):
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns / 1e9))

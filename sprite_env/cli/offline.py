@@ -11,22 +11,41 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 from sprite_env.checkpoints import Engine
 from sprite_env.cli import render
 from sprite_env.cli.options import actor, root_dir, store_dir
 from sprite_env.cli.progress import EventDisplay
-from sprite_env.errors import UserError
+from sprite_env.errors import NotAStore, UserError
+from sprite_env.snapshot.paths import entry_json
+from sprite_env.snapshot.tree import Kind
+from sprite_env.store.repository import MARKER
 
 if TYPE_CHECKING:
     import argparse
 
     from sprite_env.checkpoints.engine import Progress
+    from sprite_env.snapshot.tree import TreeEntry
 
 
 def _engine(args: argparse.Namespace) -> Engine:
-    return Engine(root_dir(args), store_dir(args), excludes=args.exclude)
+    """The engine on ``--root``/``--store``. It never creates a store (issue 10: a list or
+    an export made ``DIR/.sprite/store`` inside the layer, or ``/.sprite/store`` on the
+    host): only ``store init`` does."""
+    store = store_dir(args)
+    try:
+        return Engine(root_dir(args), store, excludes=args.exclude, create=False)
+    except NotAStore:
+        if os.path.lexists(os.path.join(store, MARKER)):
+            raise  # a store, but unreadable or of a newer format: its own message
+        where = f"--store {args.store}" if args.store else f"--root {root_dir(args)}"
+        raise NotAStore(
+            f"no sprite-env store at {store} (nothing was created). Create one with: "
+            f"sprite-env {where} store init; or, to use the daemon's store, leave out "
+            "--root and --store"
+        ) from None
 
 
 def _created_by(args: argparse.Namespace) -> str:
@@ -84,9 +103,11 @@ def list_(args: argparse.Namespace) -> int:
     with _engine(args) as e:
         rows = [
             c.to_json(active=e.active())
-            for c in e.checkpoints(include_auto=args.include_auto, history=args.history)
+            for c in e.checkpoints(include_auto=True, history=args.history)
         ]
-    render.show_checkpoints(rows, as_json=args.json)
+        interrupted = e.interrupted_restore()
+    render.show_checkpoints(render.listed(rows, args.include_auto), as_json=args.json)
+    render.warn_interrupted(interrupted)
     return 0
 
 
@@ -111,7 +132,7 @@ def diff(args: argparse.Namespace) -> int:
         for ch in changes:
             render.print_json(ch)
     else:
-        for line in render.change_lines(changes):
+        for line in render.diff_lines(args.a, args.b, changes):
             print(line)
     return 0
 
@@ -122,39 +143,67 @@ def export(args: argparse.Namespace) -> int:
             os.makedirs(args.dest, exist_ok=True)
         except OSError as err:
             raise UserError(f"cannot create {args.dest}: {err.strerror}") from None
-        st = e.export(args.id, args.dest)
+        st = e.export(args.id, args.dest, paths=args.path)
     if args.json:
         render.print_json(st.__dict__)
     else:
-        written = render.size(st.bytes_written)
-        print(f"Exported {args.id} to {args.dest}: {st.created} entries, {written}")
+        print(render.exported_line(args.id, args.dest, st.__dict__))
     return 0
 
 
-def restore(args: argparse.Namespace) -> int:
-    if not (args.preview or args.yes):
-        render.need_terminal(what="restore", flag="--yes")
+def cat(args: argparse.Namespace) -> int:
     with _engine(args) as e:
-        if args.preview or not args.yes:
-            pv = e.preview(args.id)
+        entry = e.find(args.id, os.fsencode(args.path))
+        if entry.kind is not Kind.FILE:
+            shown = _entry_json(args.id, os.fsencode(args.path), entry, e)
+            if args.json:
+                render.print_json(shown)
+                return 0
+            raise UserError(render.not_a_file(args.id, shown))
+        out = sys.stdout.buffer
+        for block in e.read_file(entry):
+            out.write(block)
+        out.flush()
+    return 0
+
+
+def _entry_json(cid: str, path: bytes, entry: TreeEntry, e: Engine) -> dict[str, Any]:
+    """The API's JSON of a non-file entry (``GET /v1/checkpoints/{id}/files/{path}``)."""
+    return entry_json(cid, path, entry, e.entries(entry) if entry.kind is Kind.DIR else None)
+
+
+def restore(args: argparse.Namespace) -> int:
+    with _engine(args) as e:
+        if args.preview or render.should_ask(args.yes):
+            pv = e.preview_paths(args.id, args.path) if args.path else e.preview(args.id)
             counts = pv.counts()
-            changes = [d.to_json() for d in pv.differences]
+            changes = pv.to_json()["changes"]
             if args.preview:
-                if args.json:
-                    render.print_json({"id": args.id, **counts, "changes": changes})
+                if args.json:  # the API's shape; the counts also at the top, as before
+                    render.print_json({**counts, **pv.to_json()})
                 else:
                     print("\n".join(render.preview_lines(args.id, counts, changes, limit=None)))
                 return 0
             lines = render.preview_lines(args.id, counts, changes, limit=render.PREVIEW_LINES)
             if not render.confirm(f"Restore {args.id}?", lines, what="restore", flag="--yes"):
-                return 1
+                return render.EXIT_DECLINED
         with _Progress(args) as progress:
-            rep = e.restore(args.id, created_by=_created_by(args), progress=progress)
+            if args.path:  # those paths only (issue 10, point 5)
+                rep = e.restore_paths(
+                    args.id, args.path, created_by=_created_by(args), progress=progress
+                )
+            else:
+                rep = e.restore(args.id, created_by=_created_by(args), progress=progress)
     if args.json:
         render.print_json(rep.to_json())
+    elif rep.noop and args.path:
+        print(f"{', '.join(args.path)} already as in {rep.id}: nothing to restore")
+    elif rep.noop:
+        print(f"The layer already is {rep.id}: nothing to restore")
     else:
         _print_warnings(rep.warnings)
-        print(render.restored_line(rep.id, rep.stats.__dict__, rep.undo))
+        done = f"{', '.join(args.path)} from {rep.id}" if args.path else rep.id
+        print(render.restored_line(done, rep.stats.__dict__, rep.undo))
     return 0
 
 

@@ -18,7 +18,7 @@ from sprite_env.errors import UserError
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence
 
-#: Paths a restore confirmation shows before "... and N more".
+#: Lines of paths a restore confirmation shows (grouped by directory to fit).
 PREVIEW_LINES = 20
 
 # The API marks changes "+ - M m"; the offline engine's JSON spells them out.
@@ -79,6 +79,13 @@ def checkpoint_table(rows: Sequence[dict[str, Any]]) -> str:
     )
 
 
+def listed(rows: Sequence[dict[str, Any]], include_auto: bool) -> list[dict[str, Any]]:
+    """The rows ``checkpoints list`` shows: automatic ones only with ``--include-auto``,
+    but always the active one, so the ``*`` says where the layer is (issue 10). (The API's
+    list stays Sprites' own: automatic ones only when asked for.)"""
+    return [r for r in rows if include_auto or not r.get("is_auto") or r.get("is_active")]
+
+
 def show_checkpoints(rows: Sequence[dict[str, Any]], *, as_json: bool) -> None:
     """What ``checkpoints list`` prints (online and offline alike)."""
     if as_json:
@@ -120,9 +127,11 @@ def checkpoint_info(c: dict[str, Any]) -> Iterator[str]:
 
 
 def created_line(c: dict[str, Any]) -> str:
+    """What ``checkpoints create`` prints: the figures, then Sprites' own last line
+    (``Checkpoint created: vN``), which scripts written for Sprites parse."""
     return (
-        f"Checkpoint {c['id']} created: {c['files']} files, {size(c['bytes'])}, "
-        f"{size(c['bytes_added'])} newly stored"
+        f"{c['id']}: {c['files']} files, {size(c['bytes'])}, "
+        f"{size(c['bytes_added'])} newly stored\nCheckpoint created: {c['id']}"
     )
 
 
@@ -141,42 +150,125 @@ def one_line(text: str) -> str:
 
 
 def change_lines(changes: Iterable[dict[str, Any]]) -> Iterator[str]:
-    """``+ etc/hosts`` per change: ``+`` added, ``-`` removed, ``M`` content modified, ``m``
-    metadata only (owner, mode, times, xattrs)."""
+    """``+ etc/hosts`` per change from A to B: ``+`` added, ``-`` removed, ``M`` content
+    modified, ``m`` metadata only (owner, mode, times, xattrs); a directory added or
+    removed says how many entries that is, itself included."""
     for ch in changes:
         mark = _MARKS.get(ch["change"], ch["change"])
-        yield f"{mark} {display_path(ch['path'])}"
+        n = ch.get("entries") or 1
+        tail = f" ({n} entries)" if n > 1 else ""
+        yield f"{mark} {display_path(ch['path'])}{tail}"
+
+
+def diff_lines(a: str, b: str | None, changes: Sequence[dict[str, Any]]) -> Iterator[str]:
+    """``checkpoints diff A [B]``: what changed from A to B (None: the live layer)."""
+    if not changes:
+        yield f"no changes between {a} and {b or 'the live layer'}"
+        return
+    yield from change_lines(changes)
+
+
+#: A restore's verbs, most consequential first (``snapshot.plan.ORDER``).
+ACTIONS = ("delete", "change", "create", "metadata")
 
 
 def restore_summary(cid: str, counts: dict[str, int], *, would: bool = True) -> str:
     verb = "would" if would else "will"
     return (
-        f"Restoring {cid} {verb} create {counts['create']}, change {counts['change']} "
-        f"and remove {counts['remove']} entries"
+        f"Restoring {cid} {verb} delete {counts.get('delete', 0)}, change "
+        f"{counts.get('change', 0)}, create {counts.get('create', 0)} and fix the metadata "
+        f"of {counts.get('metadata', 0)} entries"
     )
 
 
 def preview_lines(
     cid: str, counts: dict[str, int], changes: Sequence[dict[str, Any]], *, limit: int | None
 ) -> Iterator[str]:
-    """A restore preview: the counts, then the changes since ``cid`` (the first ``limit``):
-    the restore removes what ``+`` marks and brings back what ``-`` marks."""
+    """A restore preview in the restore's words: the counts, then per path what it will
+    do (``delete``, ``change`` content, ``create`` = bring back, ``metadata``), deletions
+    first. With a ``limit``, at most that many lines of paths grouped by directory with
+    their counts, coarser until they fit, so no deletion hides behind "and N more"."""
     if not changes:
         yield f"Nothing to restore: the layer already equals {cid}."
         return
-    yield f"{restore_summary(cid, counts)}; changes since {cid}:"
-    shown = changes if limit is None else changes[:limit]
-    yield from (f"  {line}" for line in change_lines(shown))
-    if len(shown) < len(changes):
-        yield f"  ... and {len(changes) - len(shown)} more (sprite-env restore {cid} --preview)"
+    yield f"{restore_summary(cid, counts)}:"
+    steps = sorted(_steps(changes), key=lambda s: (ACTIONS.index(s[0]), s[1]))
+    if limit is None:
+        for action, path, n, is_dir, note in steps:
+            yield f"  {action:<10}{_label(path, n, is_dir)}{note}"
+        return
+    groups = _groups(steps, limit)
+    for action, key, members in groups:
+        total = sum(m[2] for m in members)
+        if len(members) == 1:  # the count is the column's: a directory's is all it holds
+            _, path, n, is_dir, note = members[0]
+            note = note or (" and everything in it" if is_dir and n > 1 else "")
+            yield f"  {action:<10}{total:>6}  {_label(path, 1, is_dir)}{note}"
+            continue
+        names = [_label(m[1][len(key) + 1 :] if key else m[1], m[2], m[3]) for m in members]
+        where = display_path(key + "/") if key else "./"
+        yield f"  {action:<10}{total:>6}  in {where}: {_names(names)}"
+    if any(len(g[2]) > 1 for g in groups):
+        yield f"Every path: sprite-env restore {cid} --preview"
+
+
+_Step = tuple[str, str, int, bool, str]  # action, path, entries, is a directory, note
+
+
+def _steps(changes: Sequence[dict[str, Any]]) -> Iterator[_Step]:
+    for ch in changes:
+        action = ch.get("action") or ch["change"]
+        path = str(ch["path"])
+        n = int(ch.get("entries") or 1)
+        is_dir = ch.get("type") == "dir"
+        inner = ch.get("inner") or {}
+        note = "".join(f" (and {k} the {v} entries inside)" for k, v in inner.items())
+        yield action, path, n, is_dir, note
+        for k, v in inner.items():  # a type change's contents count where they belong
+            yield k, path, v, True, " (the entries inside)"
+
+
+def _label(path: str, n: int, is_dir: bool) -> str:
+    shown = display_path(path) + ("/" if is_dir else "")
+    return f"{shown} ({n} entries)" if n > 1 else shown
+
+
+def _names(names: list[str], width: int = 60) -> str:
+    out: list[str] = []
+    used = 0
+    for i, name in enumerate(names):
+        if out and used + len(name) > width:
+            return ", ".join(out) + f", ... ({len(names) - i} more)"
+        out.append(name)
+        used += len(name) + 2
+    return ", ".join(out)
+
+
+def _groups(steps: list[_Step], limit: int) -> list[tuple[str, str, list[_Step]]]:
+    """The steps by action and directory, at the deepest directory level that fits in
+    ``limit`` lines (level 0 is one line per action)."""
+
+    def parent(path: str, depth: int) -> str:
+        parts = path.split("/")[:-1]
+        return "/".join(parts[:depth])
+
+    deepest = max((s[1].count("/") for s in steps), default=0)
+    for depth in range(deepest, -1, -1):
+        groups: dict[tuple[str, str], list[_Step]] = {}
+        for s in steps:
+            groups.setdefault((s[0], parent(s[1], depth)), []).append(s)
+        if len(groups) <= limit or depth == 0:
+            break
+    return [(a, key, members) for (a, key), members in groups.items()]
 
 
 def restored_line(cid: str | None, stats: dict[str, Any], undo: str | None) -> str:
     """After a restore (or a reset: ``cid`` None)."""
     what = f"Restored {cid}" if cid is not None else "Reset the layer to its base"
+    # the preview's words and order (``restore_summary``), counted the same way
     counts = (
-        f"{stats.get('created', 0)} created, {stats.get('modified', 0)} changed, "
-        f"{stats.get('removed', 0)} removed, {stats.get('meta', 0)} metadata fixed"
+        f"{stats.get('removed', 0)} deleted, {stats.get('modified', 0)} changed, "
+        f"{stats.get('created', 0)} created, {stats.get('meta', 0)} metadata fixed"
     )
     tail = f"; undo with: sprite-env restore {undo}" if undo else ""
     return f"{what}: {counts}{tail}"
@@ -223,6 +315,16 @@ def warn(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+def warn_interrupted(info: dict[str, Any] | None) -> None:
+    """Says, on stderr, that a restore did not finish (``Engine.interrupted_restore``)."""
+    if not info:
+        return
+    what = f"a restore to {info['target']}" if info.get("target") else "a reset"
+    warn(f"warning: {what} did not finish ({info.get('error')}); the layer is {info['layer']}")
+    back = f"; roll back with: {info['roll_back']}" if info.get("roll_back") else ""
+    warn(f"  finish it with: {info['finish']}{back}")
+
+
 def need_terminal(*, what: str, flag: str) -> None:
     """Refuses, when stdin is not a terminal, what only a question could confirm.
 
@@ -235,22 +337,53 @@ def need_terminal(*, what: str, flag: str) -> None:
         )
 
 
+#: The exit code of a question answered "no": the user's choice, not a bug (exit 1).
+EXIT_DECLINED = 2
+
+
+def should_ask(yes: bool) -> bool:
+    """Whether a restore asks first: only a person at a terminal, without ``--yes``. Every
+    restore can be undone, so a script (no terminal) goes ahead, as Sprites' own
+    self-checkpointing pattern expects of ``sprite-env checkpoints restore v4``."""
+    return not yes and sys.stdin.isatty()
+
+
 def confirm(question: str, lines: Iterable[str], *, what: str, flag: str) -> bool:
-    """Shows ``lines`` and asks ``question [y/N]`` on the terminal; False (after saying
-    "Aborted.") unless the answer is yes.
+    """Shows ``lines`` and asks ``question [y/N]`` on the terminal (stderr, so that
+    ``> out.txt`` still shows the question); False (after saying "Aborted.") unless the
+    answer is yes.
 
     Raises:
         UserError: stdin is not a terminal (see :func:`need_terminal`).
     """
     need_terminal(what=what, flag=flag)
     for line in lines:
-        print(line)
-    if input(f"{question} [y/N] ").strip().lower() in ("y", "yes"):
+        print(line, file=sys.stderr)
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline()
+    if answer.strip().lower() in ("y", "yes"):
         return True
-    print("Aborted.")
+    print("Aborted.", file=sys.stderr)
     return False
 
 
 def reset_lines() -> Iterator[str]:
     yield "Reset empties the layer back to the base image below it (every checkpoint is kept,"
     yield "and an automatic checkpoint of what it removes comes first: it can be undone)."
+
+
+def not_a_file(cid: str, entry: dict[str, Any]) -> str:
+    """Why ``checkpoints cat`` printed nothing: the entry (``GET .../files/PATH``) is not a
+    regular file."""
+    what = entry.get("type")
+    if what == "symlink":
+        what = f"symlink (to {entry.get('target')}; not followed)"
+    return (
+        f"{entry.get('path')} is a {what} in {cid}, not a file: nothing written. "
+        f"See it with: sprite-env checkpoints cat --json {cid} {entry.get('path')}"
+    )
+
+
+def exported_line(cid: str, dest: str, stats: dict[str, Any]) -> str:
+    written = size(int(stats.get("bytes_written") or 0))
+    return f"Exported {cid} to {dest}: {stats.get('created', 0)} entries, {written}"

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import signal
+import stat
 import time
 from dataclasses import dataclass, field
 from importlib import resources
@@ -24,10 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from sprite_env import __version__, privacy
+from sprite_env import __version__, daemonlock, privacy
 from sprite_env.api import events
 from sprite_env.api.server import Limits, serve_unix
 from sprite_env.checkpoints import Engine
+from sprite_env.checkpoints.engine import RestoreFailed
 from sprite_env.daemon.activity import ActivityLog
 from sprite_env.daemon.environment import Environment
 from sprite_env.daemon.jobs import Job, JobRunner
@@ -37,15 +39,18 @@ from sprite_env.errors import SpriteError, UserError
 from sprite_env.overlay import Overlay, freeze
 from sprite_env.overlay.freeze import FreezeReport
 from sprite_env.services import Supervisor
+from sprite_env.snapshot.diff import totals
+from sprite_env.snapshot.paths import entry_json, show
+from sprite_env.snapshot.tree import Kind
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Callable
+    from collections.abc import AsyncIterator, Callable, Iterator
 
     from sprite_env.api.events import Event
     from sprite_env.checkpoints.registry import Checkpoint
     from sprite_env.fuse.operations import ViewOperations
-    from sprite_env.snapshot.diff import Difference
+    from sprite_env.snapshot.diff import Counted
 
 log = logging.getLogger("sprite_env.daemon")
 
@@ -129,6 +134,14 @@ class Daemon:
         self.jobs.on_finished.append(self._after_job)
         self._answers: dict[tuple[object, ...], bytes] = {}
         self._generation = 0
+        self.lock_fd = -1  # STATE/daemon.lock, where clients read what we are doing
+
+    def say_phase(self, phase: str) -> None:
+        if self.lock_fd >= 0:
+            try:
+                daemonlock.write(self.lock_fd, phase)
+            except OSError as e:  # a hint for clients only
+                log.warning("daemon.lock: %s", e)
 
     # -- reads (concurrent with jobs: the catalog's readers see committed rows) ------------
 
@@ -147,6 +160,8 @@ class Daemon:
             "mount": self.config.mountpoint if self.view is not None else None,
             # What a reset goes back to; None: no base image, so no reset.
             "base_image": self.config.overlay.lower if self.config.overlay else None,
+            # A restore that did not finish (the layer is partly restored), or None.
+            "interrupted_restore": await trio.to_thread.run_sync(self.engine.interrupted_restore),
             "auto_interval_s": self.config.auto_interval_s,
             "max_checkpoints": self.config.max_checkpoints,
         }
@@ -184,14 +199,17 @@ class Daemon:
         return value
 
     async def diff(self, a: str, b: str | None, actor: str) -> dict[str, Any]:
+        base = self._base_image()
         if b is not None:  # two checkpoints: only the store is read, no need to queue
-            diffs = await trio.to_thread.run_sync(self.engine.diff, a, b)
+            diffs = await trio.to_thread.run_sync(lambda: self.engine.diff(a, b, base_image=base))
             return _diff_json(a, b, diffs)
         await trio.to_thread.run_sync(self.engine.info, a)  # unknown id: 404 before queueing
 
         async def body(job: Job) -> Event:
             job.info(f"Comparing {a} with the live layer...")
-            diffs = await trio.to_thread.run_sync(self.engine.diff, a, None)
+            diffs = await trio.to_thread.run_sync(
+                lambda: self.engine.diff(a, None, base_image=base)
+            )
             return events.complete(job.id, "Diff done", id=a, diff=_diff_json(a, None, diffs))
 
         job = self.jobs.submit("diff", a, actor, body)
@@ -201,13 +219,17 @@ class Daemon:
         await trio.to_thread.run_sync(self.engine.info, cid)
 
         async def body(job: Job) -> Event:
-            p = await trio.to_thread.run_sync(self.engine.preview, cid)
-            changes = [_change_json(d) for d in p.differences]
-            result = {"id": cid, "counts": p.counts(), "changes": changes}
-            return events.complete(job.id, "Preview done", id=cid, preview=result)
+            base = self._base_image()
+            p = await trio.to_thread.run_sync(lambda: self.engine.preview(cid, base_image=base))
+            return events.complete(job.id, "Preview done", id=cid, preview=p.to_json())
 
         job = self.jobs.submit("preview", cid, actor, body)
         return _wait_result(await _finished(job), "preview")
+
+    def _base_image(self) -> str | None:
+        """LOWER under an overlay: previews and diffs show the merged view, paths as a
+        user sees them in MERGED, never UPPER's whiteouts (issue 10)."""
+        return self.config.overlay.lower if self.config.overlay else None
 
     async def activity_entries(self, limit: int, action: str | None) -> list[dict[str, Any]]:
         return await trio.to_thread.run_sync(lambda: self.activity.entries(limit, action))
@@ -225,23 +247,17 @@ class Daemon:
             await trio.to_thread.run_sync(self._room_for, 1, True)
 
         async def body(job: Job) -> Event:
-            if auto:
-                recent = await trio.to_thread.run_sync(self._recent_auto)
-                if recent is not None:
-                    return events.complete(
-                        job.id,
-                        f"Checkpoint {recent.id} is less than {RECENT_AUTO_S // 60} minutes old",
-                        id=recent.id,
-                        skipped=True,
-                        checkpoint=recent.to_json(),
-                    )
+            # An automatic one ("before <agent> session") is skipped only when it would be
+            # a copy: one under 10 minutes old exists AND the layer still equals the
+            # checkpoint it is on. A file written since is always captured (issue 10).
+            may_skip = auto and await trio.to_thread.run_sync(self._recent_auto) is not None
             job.info("Creating checkpoint...")
             await trio.to_thread.run_sync(self._room_for, 1, False, actor)
             job.info("Saving filesystem state...")
             report = FreezeReport()
             pause = self.env.pause(report)
-            cp = await trio.to_thread.run_sync(
-                lambda: self.engine.create(
+            made = await trio.to_thread.run_sync(
+                lambda: (self.engine.create_if_changed if may_skip else self.engine.create)(
                     text,
                     created_by=actor,
                     auto=auto,
@@ -249,6 +265,19 @@ class Daemon:
                     pause=pause,
                 )
             )
+            if made is None:
+                on = await trio.to_thread.run_sync(self.engine.active)
+                said = f"skipped: no change since {on}"
+                await self._record("create", on, actor, True, f"{said} ({text})")
+                current = await trio.to_thread.run_sync(self.engine.info, str(on))
+                return events.complete(
+                    job.id,
+                    f"Checkpoint {said}",
+                    id=on,
+                    skipped=True,
+                    checkpoint=current.to_json(active=on),
+                )
+            cp = made
             extra: dict[str, Any] = {}
             if pause is not None:
                 extra["pause"] = _pause_json(report)
@@ -274,16 +303,41 @@ class Daemon:
 
         async def body(job: Job) -> Event:
             job.info(f"Restoring from checkpoint {cid}...")
-            await trio.to_thread.run_sync(self._room_for, 1, False, actor)  # the undo point
             await self._prewarm(job)
+            # Before anything stops: the target (it may have been deleted while this job
+            # waited), room and intact data, and whether there is anything to do at all.
+            # A restore that cannot be done, or need not be, bounces no service and, under
+            # an overlay, ends no session (issue 10).
+            if not await trio.to_thread.run_sync(self.engine.check_restore, cid):
+                await trio.to_thread.run_sync(self.engine.set_active, cid)
+                await self._record("restore", cid, actor, True, "already there: nothing to do")
+                return events.complete(
+                    job.id,
+                    f"The layer already is {cid}: nothing to restore",
+                    id=cid,
+                    undo=None,
+                    noop=True,
+                )
+            await trio.to_thread.run_sync(self._room_for, 1, False, actor)  # the undo point
+            undo_id = None
+            if self.env.overlay is not None:
+                # The restore ends every session using MERGED, the caller's own included:
+                # tell it the undo id now, while it can still hear (issue 10).
+                undo_id = await trio.to_thread.run_sync(self.engine.reserve_auto_id)
+                job.info(
+                    f"Undo checkpoint: {undo_id}; the sessions using "
+                    f"{self.env.overlay.merged} end now",
+                    undo=undo_id,
+                    ends_sessions=True,
+                )
             async with self.env.down(job):
                 rep = await trio.to_thread.run_sync(
                     lambda: self.engine.restore(
-                        cid, created_by=actor, progress=job.progress_from_thread()
+                        cid, created_by=actor, progress=job.progress_from_thread(), undo_id=undo_id
                     )
                 )
             await self._record("restore", cid, actor, True, f"undo: {rep.undo}")
-            await self._apply_retention()
+            await self._apply_retention(keep=rep.undo)
             return events.complete(
                 job.id, f"Restore from {cid} complete", id=cid, undo=rep.undo, stats=rep.to_json()
             )
@@ -318,6 +372,169 @@ class Daemon:
 
         job = self.jobs.submit("delete", cid, actor, self._recorded("delete", cid, actor, body))
         return _wait_result(await _finished(job), "report")
+
+    # -- any checkpoint, any path (issue 10, point 5) --------------------------------------
+
+    async def read_path(self, cid: str, path: bytes) -> FileBytes | dict[str, Any]:
+        """``GET /v1/checkpoints/{id}/files/{path}``: a file's size and bytes (read as they
+        are sent, so a file of any size costs one block of memory); anything else, its
+        entry as JSON (a directory with its entries). Reads the store only: it runs beside
+        any job, for every checkpoint, automatic or not, mounted or not.
+
+        Error handling:
+            An unknown id or path, ``..`` or a symlink on the way raise before an answer
+            starts. A piece found damaged after the first block ends the answer short of
+            its Content-Length (logged), which a client reports as a cut answer.
+        """
+        entry = await trio.to_thread.run_sync(self.engine.find, cid, path)
+        if entry.kind is Kind.FILE:
+            blocks = self.engine.read_file(entry)
+            first = await trio.to_thread.run_sync(_take, blocks)  # damage: an error answer
+            return FileBytes(entry.size, _send_blocks(first, blocks, f"{cid}:{show(path)}"))
+        children = None
+        if entry.kind is Kind.DIR:
+            children = await trio.to_thread.run_sync(self.engine.entries, entry)
+        return entry_json(cid, path, entry, children)
+
+    async def export(self, cid: str, dest: str, paths: list[str], actor: str) -> Job:
+        """``POST /v1/checkpoints/{id}/export``: a job writing checkpoint ``cid`` (or only
+        ``paths``) into ``dest``, an absolute directory that is missing or empty, on this
+        machine as the daemon sees it. Refused before the job: an unknown id or path, a
+        relative, non-empty or private DEST (see :meth:`_check_dest`)."""
+        if paths:  # an unknown id or path: 4xx before the job
+            await trio.to_thread.run_sync(lambda: self.engine.check_paths(cid, paths, live=False))
+        else:
+            await trio.to_thread.run_sync(self.engine.info, cid)
+        self._check_dest(dest)
+
+        async def body(job: Job) -> Event:
+            job.info(f"Exporting {cid} to {dest}...")
+            self._check_dest(dest)  # again: it may have been filled while the job waited
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(dest, 0o700)
+            stats = await trio.to_thread.run_sync(
+                lambda: self.engine.export(
+                    cid, dest, paths=paths or None, progress=job.progress_from_thread()
+                )
+            )
+            shown = f" ({', '.join(paths)})" if paths else ""
+            await self._record("export", cid, actor, True, f"to {dest}{shown}")
+            return events.complete(
+                job.id,
+                f"Exported {cid} to {dest}",
+                id=cid,
+                dest=dest,
+                paths=paths,
+                stats=stats.__dict__,
+            )
+
+        return self.jobs.submit("export", cid, actor, self._recorded("export", cid, actor, body))
+
+    def _check_dest(self, dest: str) -> None:
+        """An export's DEST: absolute, a missing name in an existing directory or an empty
+        directory (not a symlink), and not where the daemon keeps its own data or below an
+        overlay's internals. Writing into the layer's live view (the root, MERGED) is what a
+        user does in a sprite, where every path is in MERGED: allowed, it is then in the
+        next checkpoint like any file written there.
+
+        Raises:
+            UserError: one of these does not hold (nothing was written).
+        """
+        if not os.path.isabs(dest):
+            raise UserError(f"export destination {dest!r} must be an absolute path")
+        where = os.path.join(os.path.realpath(os.path.dirname(dest)), os.path.basename(dest))
+        private = {"the state directory": self.config.state, "the store": self.config.store_dir}
+        if self.config.overlay is not None:
+            o = self.config.overlay
+            private |= {"the layer (UPPER)": o.upper, "the base image (LOWER)": o.lower}
+            private["the overlay's WORK"] = o.work
+        for what, top in private.items():
+            top = os.path.realpath(top)
+            if where == top or where.startswith(top.rstrip("/") + "/"):
+                raise UserError(f"cannot export into {dest}: it is inside {what} ({top})")
+        try:
+            st = os.lstat(where)
+        except FileNotFoundError:
+            if not os.path.isdir(os.path.dirname(where)):
+                raise UserError(
+                    f"cannot export into {dest}: {os.path.dirname(dest)} is not a directory"
+                ) from None
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            raise UserError(f"cannot export into {dest}: it exists and is not a directory")
+        if os.listdir(where):
+            raise UserError(f"cannot export into {dest}: it is not empty")
+
+    async def restore_paths(self, cid: str, paths: list[str], actor: str) -> Job:
+        """``POST /v1/checkpoints/{id}/restore`` with ``paths``: those files or subtrees as
+        in ``cid``, the rest untouched (``Engine.restore_paths``). Runs as a whole restore
+        does: checked while everything runs, a no-op when they already match, services
+        down around it, an undo checkpoint first (under an overlay, its id said before the
+        sessions end)."""
+        # An unknown id, "..", a symlink on the way, a path in neither: 4xx before the 202.
+        await trio.to_thread.run_sync(self.engine.check_paths, cid, paths)
+        shown = ", ".join(paths)
+
+        async def body(job: Job) -> Event:
+            job.info(f"Restoring {shown} from checkpoint {cid}...")
+            await self._prewarm(job)
+            if not await trio.to_thread.run_sync(self.engine.check_restore_paths, cid, paths):
+                await self._record("restore", cid, actor, True, f"{shown}: already as in {cid}")
+                return events.complete(
+                    job.id,
+                    f"{shown} already as in {cid}: nothing to restore",
+                    id=cid,
+                    undo=None,
+                    noop=True,
+                    paths=paths,
+                )
+            await trio.to_thread.run_sync(self._room_for, 1, False, actor)  # the undo point
+            undo_id = None
+            if self.env.overlay is not None:
+                undo_id = await trio.to_thread.run_sync(self.engine.reserve_auto_id)
+                job.info(
+                    f"Undo checkpoint: {undo_id}; the sessions using "
+                    f"{self.env.overlay.merged} end now",
+                    undo=undo_id,
+                    ends_sessions=True,
+                )
+            async with self.env.down(job):
+                rep = await trio.to_thread.run_sync(
+                    lambda: self.engine.restore_paths(
+                        cid,
+                        paths,
+                        created_by=actor,
+                        progress=job.progress_from_thread(),
+                        undo_id=undo_id,
+                    )
+                )
+            await self._record("restore", cid, actor, True, f"{shown}; undo: {rep.undo}")
+            await self._apply_retention(keep=rep.undo)
+            return events.complete(
+                job.id,
+                f"Restore of {shown} from {cid} complete",
+                id=cid,
+                undo=rep.undo,
+                paths=paths,
+                stats=rep.to_json(),
+            )
+
+        return self.jobs.submit("restore", cid, actor, self._recorded("restore", cid, actor, body))
+
+    async def preview_paths(self, cid: str, paths: list[str], actor: str) -> dict[str, Any]:
+        """``POST /v1/checkpoints/{id}/preview`` with ``paths``: what ``restore_paths``
+        would do, in the words of a whole preview."""
+        await trio.to_thread.run_sync(self.engine.info, cid)
+
+        async def body(job: Job) -> Event:
+            base = self._base_image()
+            p = await trio.to_thread.run_sync(
+                lambda: self.engine.preview_paths(cid, paths, base_image=base)
+            )
+            return events.complete(job.id, "Preview done", id=cid, preview=p.to_json())
+
+        job = self.jobs.submit("preview", cid, actor, body)
+        return _wait_result(await _finished(job), "preview")
 
     async def _prewarm(self, job: Job) -> None:
         """Stores what changed while the environment still runs: the undo checkpoint,
@@ -375,7 +592,10 @@ class Daemon:
                 return c
         return None
 
-    async def _apply_retention(self) -> None:
+    async def _apply_retention(self, keep: str | None = None) -> None:
+        """Deletes automatic checkpoints the policy no longer keeps (never the active one,
+        nor ``keep``: the undo point of the restore just done)."""
+
         def prune() -> list[str]:
             autos = [
                 (c.id, c.create_time_ns)
@@ -384,7 +604,7 @@ class Daemon:
             ]
             active = self.engine.active()
             plan = plan_retention(
-                autos, self.config.retention, protect={active} if active else set()
+                autos, self.config.retention, protect={c for c in (active, keep) if c}
             )
             if plan.drop:
                 self.engine.delete_many(plan.drop)
@@ -422,6 +642,41 @@ class Daemon:
             self.view.refresh()
 
 
+@dataclass
+class FileBytes:
+    """A file of a checkpoint being sent: its size, then its bytes as they are read."""
+
+    size: int
+    blocks: AsyncIterator[bytes]
+
+
+#: Bytes read per trip to a worker thread while a file is sent (one chunk is ~64 KiB).
+SEND_BLOCK = 1 << 20
+
+
+def _take(blocks: Iterator[bytes]) -> bytes:
+    """Up to ``SEND_BLOCK`` bytes of ``blocks`` (b"" at the end), in a worker thread."""
+    out: list[bytes] = []
+    n = 0
+    for block in blocks:
+        out.append(block)
+        n += len(block)
+        if n >= SEND_BLOCK:
+            break
+    return b"".join(out)
+
+
+async def _send_blocks(first: bytes, rest: Iterator[bytes], what: str) -> AsyncIterator[bytes]:
+    block = first
+    while block:
+        yield block
+        try:
+            block = await trio.to_thread.run_sync(_take, rest)
+        except (SpriteError, OSError) as e:  # the answer ends short of its Content-Length
+            log.error("sending %s: %s", what, e)
+            return
+
+
 async def _finished(job: Job) -> Job:
     await job.done.wait()
     return job
@@ -442,15 +697,16 @@ def _pause_json(r: FreezeReport) -> dict[str, Any]:
     return {"seconds": round(r.seconds, 6), "processes": len(r.frozen), "method": r.method}
 
 
-def _change_json(d: Difference) -> dict[str, Any]:
+def _change_json(d: Counted) -> dict[str, Any]:
     return d.to_json()
 
 
-def _diff_json(a: str, b: str | None, diffs: list[Difference]) -> dict[str, Any]:
+def _diff_json(a: str, b: str | None, diffs: list[Counted]) -> dict[str, Any]:
+    """What changed from ``a`` to ``b``: per path ``change`` (added, removed, modified,
+    meta) and the ``entries`` it stands for; ``counts`` sums entries per change, recursively
+    (an added directory of 50 files is 51 added)."""
+    counts = {c.value: n for c, n in totals(diffs).items() if n}
     changes = [_change_json(d) for d in diffs]
-    counts: dict[str, int] = {}
-    for c in changes:
-        counts[c["change"]] = counts.get(c["change"], 0) + 1
     return {"from": a, "to": b or "live", "counts": counts, "changes": changes}
 
 
@@ -493,11 +749,10 @@ def _lock_state(state: str) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        pid = os.pread(fd, 32, 0).decode(errors="replace").split("\n")[0].strip() or "?"
         os.close(fd)
         raise DaemonRunning(f"another sprite-env daemon (pid {pid}) serves {state}") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    daemonlock.write(fd, "starting")
     return fd
 
 
@@ -538,6 +793,7 @@ async def run(
                 env = Environment(supervisor, config.overlay)
                 activity = ActivityLog(os.path.join(state, "activity.jsonl"))
                 daemon = Daemon(config, engine, activity, env)
+                daemon.lock_fd = lock_fd
                 if config.overlay is not None:
                     await trio.to_thread.run_sync(freeze.thaw_leftovers)
                 async with trio.open_nursery() as services:
@@ -579,12 +835,14 @@ async def _serve(
                         )
                     )
                     log.info("listening on %s", config.socket)
+                    daemon.say_phase("serving")
                     front_nursery.start_soon(
                         lambda: run_scheduler(daemon.scheduled, interval=config.auto_interval_s)
                     )
                     task_status.started(daemon)
                     async for signum in signals:
                         log.info("%s: stopping", signal.Signals(signum).name)
+                        daemon.say_phase("stopping")
                         break
                     front.cancel()
             daemon.jobs.close()  # queued jobs fail; the running one ends; run() returns
@@ -595,12 +853,26 @@ async def _finish_interrupted(daemon: Daemon) -> None:
     """Finishes a restore (or delete) a crash interrupted, before anyone can connect. With
     an overlay, MERGED comes down first: UPPER must not change under a mounted overlay."""
     engine = daemon.engine
-    if engine.pending_restore() is not None:
+    intent = engine.pending_restore()
+    if intent is not None and intent.get("failed"):
+        # A restore that failed is not retried blindly (see Engine.resume_pending); the
+        # daemon serves as usual and reports it until another restore replaces it.
+        log.warning("a restore did not finish: %s", engine.interrupted_restore())
+        intent = None
+    if intent is not None:
         log.info("finishing an interrupted restore")
+        daemon.say_phase("finishing-restore")
         await daemon.env.take_down()
-        rep = await trio.to_thread.run_sync(engine.resume_pending)
-        if daemon.env.overlay is not None:
-            await trio.to_thread.run_sync(daemon.env.overlay.empty_work)
+        try:
+            rep = await trio.to_thread.run_sync(engine.resume_pending)
+        except RestoreFailed as e:
+            # Never a daemon that cannot start (issue 15): say so, and serve.
+            log.error("%s", e)
+            daemon.activity.record("restore", e.target, "daemon", False, str(e))
+            rep = None
+        finally:
+            if daemon.env.overlay is not None:
+                await trio.to_thread.run_sync(daemon.env.overlay.empty_work)
         if rep is not None:
             daemon.activity.record("restore", rep.id, "daemon", True, "finished after a crash")
     else:

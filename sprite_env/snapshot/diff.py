@@ -3,6 +3,13 @@
 Two directories with the same tree id are equal, whole subtrees included, so the walk
 descends only where ids differ. The same per-entry comparison (:func:`classify`) drives
 restore, so a preview and the restore it previews agree by construction.
+
+Counting: a difference stands for every entry it touches, recursively (:class:`Counted`):
+an added directory of 50 files is 51 added entries, and a directory replaced by a file
+is one modified entry plus its contents removed. The restore's counters
+(``restore.RestoreStats``) count the same way, from the same trees. The root's own mtime
+changes with any change in it, so it alone is not a difference worth reporting
+(:func:`root_news`).
 """
 
 from __future__ import annotations
@@ -70,6 +77,94 @@ def read_entries(read_tree: ReadTree, tree: ObjectId | None) -> dict[bytes, Tree
 def top_entry(read_tree: ReadTree, top: ObjectId) -> TreeEntry:
     """The root directory's entry (``.``) of a checkpoint's top tree."""
     return read_entries(read_tree, top)[b"."]
+
+
+def root_news(old: TreeEntry, new: TreeEntry) -> bool:
+    """True when the root's owner, mode or xattrs differ: its mtime alone is not news
+    (every entry added or removed right below it changes it)."""
+    return (old.mode, old.uid, old.gid, old.xattrs) != (new.mode, new.uid, new.gid, new.xattrs)
+
+
+def entries_below(read_tree: ReadTree, e: TreeEntry) -> int:
+    """How many entries a directory holds, recursively (0 for anything else)."""
+    if e.kind is not Kind.DIR:
+        return 0
+    n = 0
+    stack = [e.subtree]
+    while stack:
+        for child in decode_tree(read_tree(stack.pop())):
+            n += 1
+            if child.kind is Kind.DIR:
+                stack.append(child.subtree)
+    return n
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """A difference with the entries it stands for, by kind of change: an added directory
+    counts itself and everything in it; a type change is one modified entry, plus the old
+    directory's contents removed or the new one's added."""
+
+    difference: Difference
+    effects: tuple[tuple[Change, int], ...]
+
+    @property
+    def path(self) -> bytes:
+        return self.difference.path
+
+    @property
+    def entries(self) -> int:
+        """The entries counted under the difference's own change (itself included)."""
+        return next(n for c, n in self.effects if c is self.difference.change)
+
+    def to_json(self) -> dict[str, object]:
+        out = {**self.difference.to_json(), "entries": self.entries}
+        inner = [(c, n) for c, n in self.effects if c is not self.difference.change]
+        if inner:
+            out["inner"] = {c.value: n for c, n in inner}
+        return out
+
+
+def count(read_tree: ReadTree, d: Difference) -> Counted:
+    """The entries ``d`` stands for; reads the trees of added or removed directories."""
+    effects: list[tuple[Change, int]] = []
+    if d.change is Change.ADDED:
+        assert d.new is not None
+        effects.append((Change.ADDED, 1 + entries_below(read_tree, d.new)))
+    elif d.change is Change.REMOVED:
+        assert d.old is not None
+        effects.append((Change.REMOVED, 1 + entries_below(read_tree, d.old)))
+    else:
+        effects.append((d.change, 1))
+        if d.change is Change.MODIFIED:  # a type change: a directory's contents go or come
+            assert d.old is not None
+            assert d.new is not None
+            gone, came = entries_below(read_tree, d.old), entries_below(read_tree, d.new)
+            if gone:
+                effects.append((Change.REMOVED, gone))
+            if came:
+                effects.append((Change.ADDED, came))
+    return Counted(d, tuple(effects))
+
+
+def count_changes(
+    read_tree: ReadTree, old_top: ObjectId | None, new_top: ObjectId
+) -> Iterator[Counted]:
+    """:func:`diff_trees`, each difference counted (:func:`count`), without the root's
+    own mtime (see :func:`root_news`)."""
+    for d in diff_trees(read_tree, old_top, new_top):
+        if d.path == b"." and d.old and d.new and not root_news(d.old, d.new):
+            continue
+        yield count(read_tree, d)
+
+
+def totals(items: Iterator[Counted] | list[Counted]) -> dict[Change, int]:
+    """The entries of ``items`` by change (every change present, zeros included)."""
+    out = dict.fromkeys(Change, 0)
+    for it in items:
+        for c, n in it.effects:
+            out[c] += n
+    return out
 
 
 def diff_trees(

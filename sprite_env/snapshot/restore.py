@@ -35,7 +35,15 @@ from sprite_env.errors import SnapshotError
 from sprite_env.ids import ObjectId
 from sprite_env.snapshot import dircache
 from sprite_env.snapshot.capture import Excludes
-from sprite_env.snapshot.diff import Change, ReadTree, classify, read_entries, top_entry
+from sprite_env.snapshot.diff import (
+    Change,
+    ReadTree,
+    classify,
+    entries_below,
+    read_entries,
+    root_news,
+    top_entry,
+)
 from sprite_env.snapshot.dircache import CachedDir, Sig, sig_of
 from sprite_env.snapshot.fsmeta import (
     O_DIR,
@@ -68,10 +76,14 @@ _FILE_TYPE = {
 
 @dataclass
 class RestoreStats:
+    """What a restore did, in entries counted recursively from the two trees, as a preview
+    counts them (``snapshot.plan``): a live directory of 50 files that the target lacks
+    is 51 removed; the root counts only when more than its mtime differs."""
+
     created: int = 0
-    modified: int = 0
+    modified: int = 0  # content or type
     removed: int = 0
-    meta: int = 0
+    meta: int = 0  # metadata only (owner, mode, mtime, xattrs, hard-link grouping)
     bytes_written: int = 0
     dirs_skipped: int = 0
 
@@ -133,6 +145,8 @@ class Restorer:
                 or (live.subtree != target.subtree)
             ):
                 self._apply_meta_fd(self._root_fd, target)
+            if live is not None and root_news(live, target):
+                self.stats.meta += 1
             syncfs(self._root_fd)  # one flush for the whole restore, not one per file
             if self.refresh_cache:
                 self._refresh_cache()
@@ -178,8 +192,9 @@ class Restorer:
             path = name if not rel else rel + b"/" + name
             change = classify(old, new)
             if new is None:
+                assert old is not None
                 self._remove(fd, name, path)
-                self.stats.removed += 1
+                self.stats.removed += 1 + entries_below(self.read_tree, old)
             elif _patchable(old, new):
                 assert old is not None
                 assert self._writers is not None
@@ -193,8 +208,13 @@ class Restorer:
                 self._create(fd, name, path, new, writes)
                 if old is None:
                     self.stats.created += 1
-                else:
+                elif change is Change.MODIFIED:
                     self.stats.modified += 1
+                    # a live directory replaced: its contents went with it (a new
+                    # directory's contents are counted as created by its own walk)
+                    self.stats.removed += entries_below(self.read_tree, old)
+                else:  # only the hard-link grouping differs: same content, re-linked
+                    self.stats.meta += 1
             elif new.kind is Kind.DIR:
                 if old.payload != new.payload:
                     cfd = self._open_dir(fd, name)

@@ -8,6 +8,7 @@ import re
 import shutil
 import socket
 import tempfile
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -48,7 +49,7 @@ def test_full_loop(daemon_factory: Any) -> None:
 
     r = cli("checkpoints", "create", "--comment", "first")
     assert r.returncode == 0, r.stderr
-    assert "Checkpoint v0 created: 1 files" in r.stdout
+    assert re.fullmatch(r"v0: 1 files, 3 B, \d+ B newly stored\nCheckpoint created: v0\n", r.stdout)
     _write(d.root, "b", "two")
     r = cli("checkpoints", "create", "--comment", "second", "--json")
     events = _ndjson(r.stdout)  # the stream, line by line
@@ -87,20 +88,26 @@ def test_full_loop(daemon_factory: Any) -> None:
 
     r = cli("restore", "v0", "--preview")
     assert r.returncode == 0
-    assert r.stdout.startswith("Restoring v0 would create 0, change 2 and remove 1 entries")
-    assert "  + b" in r.stdout.splitlines()
+    assert r.stdout.startswith(
+        "Restoring v0 would delete 1, change 1, create 0 and fix the metadata of 0 entries"
+    )
+    assert "  delete    b" in r.stdout.splitlines()
     r = cli("restore", "v0", "--preview", "--json")
     assert json.loads(r.stdout)["counts"]["remove"] == 1
 
-    r = cli("restore", "v0")  # no terminal, no --yes: refused, nothing done
-    assert r.returncode == 2
-    assert "--yes" in r.stderr
-    assert os.path.exists(os.path.join(d.root, "b"))
-    r = cli("restore", "v0", "--yes")
+    # No terminal, no --yes: a script (Sprites' self-checkpointing pattern). Every restore
+    # can be undone, so it goes ahead and prints the undo id (issue 10).
+    r = cli("restore", "v0")
     assert r.returncode == 0, r.stderr
     assert re.search(r"undo with: sprite-env restore auto-\d{8}T\d{6}Z", r.stdout)
     assert not os.path.exists(os.path.join(d.root, "b"))
     undo = r.stdout.rsplit(" ", 1)[-1].strip()
+    # Again: the layer already is v0, so nothing at all happens.
+    autos = json.loads(cli("checkpoints", "list", "--include-auto", "--json").stdout)
+    r = cli("restore", "v0", "--yes")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "The layer already is v0: nothing to restore\n"
+    assert json.loads(cli("checkpoints", "list", "--include-auto", "--json").stdout) == autos
     r = cli("checkpoints", "restore", undo, "--yes", "--json")  # the undo, as NDJSON
     assert _ndjson(r.stdout)[-1]["id"] == undo
     with open(os.path.join(d.root, "a")) as f:
@@ -188,6 +195,10 @@ def test_detach_then_follow(daemon_factory: Any) -> None:
 
 def test_socket_option_and_a_daemon_still_starting(daemon_factory: Any) -> None:
     d = daemon_factory("--no-view", wait=False)  # the CLI waits for it
+    lock = os.path.join(d.state, "daemon.lock")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(lock) and time.monotonic() < deadline:
+        time.sleep(0.01)  # once it holds its lock, the daemon is starting: worth a wait
     env = {"SPRITE_API_SOCK": "/nonexistent/api.sock", "SPRITE_API_WAIT": "60"}
     r = run_cli("--socket", d.socket, "checkpoints", "list", "--json", env=env)
     assert r.returncode == 0, r.stderr
@@ -203,8 +214,8 @@ def test_no_daemon_exits_5() -> None:
         r = run_cli("checkpoints", "list", env=env)
         assert r.returncode == 5
         assert r.stderr.strip() == (
-            f"sprite-env: no sprite-env daemon answers at {missing}; "
-            "start one with: sprite-env daemon"
+            f"sprite-env: no sprite-env daemon runs for {missing}; start one with: "
+            "sprite-env daemon --overlay LOWER:UPPER:WORK:MERGED (a sprite) or --root DIR"
         )
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.bind(missing)  # a socket file nobody listens on
@@ -212,8 +223,24 @@ def test_no_daemon_exits_5() -> None:
             assert r.returncode == 5
             r = run_cli("curl", "/v1/status", env=env)
             assert r.returncode == 5
-        r = run_cli("checkpoints", "list", env={**env, "SPRITE_API_WAIT": "0.5"})
+        # No daemon holds the state's lock: no 30 s wait, and no word of a restore.
+        r = run_cli("checkpoints", "list", env={**env, "SPRITE_API_WAIT": "30"})
         assert r.returncode == 5
-        assert "waiting for the sprite-env daemon" in r.stderr
+        assert "no sprite-env daemon runs for" in r.stderr
+        assert "waiting" not in r.stderr
     finally:
         shutil.rmtree(d)
+
+
+def test_a_killed_daemon_is_named_at_once(daemon_factory: Any) -> None:
+    """kill -9 leaves the socket file behind: the CLI says so at once, with the pid."""
+    d = daemon_factory("--no-view")
+    pid = d.proc.pid
+    d.kill()
+    assert os.path.exists(d.socket)
+    start = time.monotonic()
+    r = run_cli("--socket", d.socket, "checkpoints", "list", env={"SPRITE_API_WAIT": "30"})
+    assert r.returncode == 5, r
+    assert time.monotonic() - start < 10  # was 30 s; the interpreter's start-up is the rest
+    assert f"the last one, pid {pid}, is gone" in r.stderr
+    assert "restore" not in r.stderr

@@ -66,28 +66,73 @@ def test_change_lines_take_words_or_marks_and_odd_names() -> None:
     assert list(render.change_lines(changes)) == ["+ a", "- b", "M c\\xff", "m d\\xff"]
 
 
-def test_preview_lines_show_the_first_paths() -> None:
-    changes = [{"path": f"f{i}", "change": "added"} for i in range(25)]
-    counts = {"create": 0, "change": 0, "remove": 25}
+def test_preview_lines_group_by_directory_deletions_first() -> None:
+    changes = [
+        {"path": f"a/f{i:02d}", "change": "meta", "action": "metadata", "entries": 1}
+        for i in range(25)
+    ] + [{"path": "z/new", "change": "added", "type": "dir", "action": "delete", "entries": 51}]
+    counts = {"delete": 51, "change": 0, "create": 0, "metadata": 25}
     lines = list(render.preview_lines("v1", counts, changes, limit=20))
-    assert lines[0] == (
-        "Restoring v1 would create 0, change 0 and remove 25 entries; changes since v1:"
-    )
-    assert lines[1:3] == ["  + f0", "  + f1"]
-    assert lines[-1] == "  ... and 5 more (sprite-env restore v1 --preview)"
-    assert len(lines) == 22
+    assert lines == [
+        "Restoring v1 would delete 51, change 0, create 0 and fix the metadata of 25 entries:",
+        "  delete        51  z/new/ and everything in it",
+        "  metadata      25  in a/: f00, f01, f02, f03, f04, f05, f06, f07, f08, f09, f10, f11, "
+        "... (13 more)",
+        "Every path: sprite-env restore v1 --preview",
+    ]
+    full = list(render.preview_lines("v1", counts, changes, limit=None))
+    assert full[1] == "  delete    z/new/ (51 entries)"
+    assert full[2:] == [f"  metadata  a/f{i:02d}" for i in range(25)]
     assert list(render.preview_lines("v1", counts, [], limit=20)) == [
         "Nothing to restore: the layer already equals v1."
     ]
 
 
+def test_preview_sample_coarsens_until_it_fits() -> None:
+    changes = [
+        {"path": f"d{i:02d}/x/f", "change": "added", "action": "delete", "entries": 1}
+        for i in range(30)
+    ]
+    counts = {"delete": 30}
+    lines = list(render.preview_lines("v1", counts, changes, limit=20))
+    assert (
+        lines[1]
+        == "  delete        30  in ./: d00/x/f, d01/x/f, d02/x/f, d03/x/f, d04/x/f, d05/x/f, "
+        "... (24 more)"
+    )
+    assert len(lines) == 3
+
+
+def test_a_type_change_counts_its_contents_as_deletions() -> None:
+    changes = [
+        {
+            "path": "p",
+            "change": "modified",
+            "type": "file",
+            "action": "change",
+            "entries": 1,
+            "inner": {"delete": 12},
+        },
+    ]
+    lines = list(render.preview_lines("v1", {"delete": 12, "change": 1}, changes, limit=20))
+    assert lines[1] == "  delete        12  p/ (the entries inside)"
+    assert lines[2] == "  change         1  p (and delete the 12 entries inside)"
+
+
 def test_restored_line() -> None:
     stats = {"created": 1, "modified": 2, "removed": 3, "meta": 4}
     assert render.restored_line("v1", stats, "auto-x") == (
-        "Restored v1: 1 created, 2 changed, 3 removed, 4 metadata fixed; "
+        "Restored v1: 3 deleted, 2 changed, 1 created, 4 metadata fixed; "
         "undo with: sprite-env restore auto-x"
     )
     assert render.restored_line(None, {}, None).startswith("Reset the layer to its base: 0")
+
+
+def test_diff_lines_say_when_nothing_changed() -> None:
+    assert list(render.diff_lines("v0", None, [])) == ["no changes between v0 and the live layer"]
+    assert list(render.diff_lines("v0", "v1", [])) == ["no changes between v0 and v1"]
+    dir_added = {"path": "new", "change": "added", "type": "dir", "entries": 51}
+    assert list(render.diff_lines("v0", "v1", [dir_added])) == ["+ new (51 entries)"]
 
 
 def test_activity_table() -> None:
