@@ -162,7 +162,8 @@ class _Connection:
         left or sent a request that could not be read (answered with its problem), or
         the connection was closed to make room (``connections.py``: it was idle)."""
         self.head_only = False
-        with self.slot.idle():
+        request: Request | None = None
+        with self.slot.idle():  # (evicted: the block is cancelled; request stays None)
             request = await self._read_in_time() if await self._first_bytes() else None
         return None if self.slot.evicted else request
 
