@@ -87,6 +87,7 @@ NUMBERS = st.sampled_from(
 WORDS = st.sampled_from(
     ["v0", "v1", "v7", "v01", "auto-20200101T000000Z", "v0\n", "v0\x00", "..", ".", "a/b"]
     + ["\ud800", "tick", "x" * 300, "v\u00b2", "events", "restore", "true", "no", "maybe"]
+    + ["files", "preview", "diff", "logs"]
 )
 VALUE = NUMBERS | WORDS | st.text(max_size=12)
 PATH = st.tuples(
