@@ -35,7 +35,7 @@ from sprite_env.checkpoints.gc import reach
 from sprite_env.checkpoints.hashonly import HashOnlySink
 from sprite_env.checkpoints.registry import Checkpoint, Registry
 from sprite_env.errors import SnapshotError, SpriteError, StoreError, UserError
-from sprite_env.journal import Journal, open_epoch
+from sprite_env.journal import ChangeJournal, open_epoch
 from sprite_env.overlay.merge import MergedTrees
 from sprite_env.snapshot import dircache, plan, preflight
 from sprite_env.snapshot.capture import CaptureResult, CaptureStats, Excludes, capture
@@ -240,7 +240,7 @@ class Engine:
 
     #: The change journal of the layer (the daemon's): captures that write the files cache
     #: walk only what it names. None: every capture walks the whole layer.
-    journal: Journal | None = None
+    journal: ChangeJournal | None = None
 
     def __init__(
         self,

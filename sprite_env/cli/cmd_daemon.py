@@ -43,6 +43,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--no-view", action="store_true", help="do not mount STATE/checkpoints")
     p.add_argument(
+        "--no-journal",
+        action="store_true",
+        help="no change journal: every checkpoint walks the whole layer (by default a "
+        "fanotify journal narrows the walk to what changed, on kernels that support it)",
+    )
+    p.add_argument(
         "--overlay",
         metavar="LOWER:UPPER:WORK:MERGED",
         help="mount overlayfs: LOWER the base image, UPPER the layer checkpoints hold, "

@@ -36,6 +36,7 @@ from sprite_env.daemon.jobs import Job, JobRunner
 from sprite_env.daemon.retention import RetentionPolicy, make_room, plan_retention
 from sprite_env.daemon.scheduler import run_scheduler
 from sprite_env.errors import SpriteError, UserError
+from sprite_env.journal import ChangeJournal, Journal, NoJournal, open_journal
 from sprite_env.overlay import Overlay, freeze
 from sprite_env.overlay.freeze import FreezeReport
 from sprite_env.services import Supervisor
@@ -93,6 +94,7 @@ class DaemonConfig:
     limits: Limits = field(default_factory=Limits)
     excludes: list[str] | None = None
     overlay: Overlay | None = None
+    journal: bool = True  # the change journal (fanotify), where the kernel supports it
 
     @property
     def layer(self) -> str:
@@ -788,6 +790,19 @@ async def run(
                     resume=False,
                 )
             )
+            # Armed before any capture (an interrupted restore's, the first checkpoint's):
+            # the first capture walks everything, and every later one builds on it.
+            journal = await trio.to_thread.run_sync(
+                lambda: open_journal(
+                    config.layer,
+                    views=[config.env_root] if config.overlay else [],
+                    overlay=config.overlay is not None,
+                    enabled=config.journal,
+                )
+            )
+            engine.journal = journal
+            if isinstance(journal, NoJournal):
+                log.info("%s: every checkpoint walks the whole layer", journal.reason)
             try:
                 supervisor = Supervisor(config.env_root, os.path.join(state, "services"))
                 env = Environment(supervisor, config.overlay)
@@ -797,6 +812,7 @@ async def run(
                 if config.overlay is not None:
                     await trio.to_thread.run_sync(freeze.thaw_leftovers)
                 async with trio.open_nursery() as services:
+                    services.start_soon(_poll_journal, journal)
                     await services.start(supervisor.run)
                     await _finish_interrupted(daemon)
                     await env.up()
@@ -805,9 +821,21 @@ async def run(
                     await _shutdown_checkpoint(daemon)
                     services.cancel_scope.cancel()
             finally:
+                journal.close()
                 engine.close()
     finally:
         os.close(lock_fd)
+
+
+async def _poll_journal(journal: ChangeJournal) -> None:
+    """Reads the journal's events as they come, so the kernel's queue (16384 events) does
+    not overflow between checkpoints; batched every 50 ms, decoded off the trio thread."""
+    if not isinstance(journal, Journal):
+        return
+    while True:
+        await trio.lowlevel.wait_readable(journal.fileno())
+        await trio.to_thread.run_sync(journal.poll)
+        await trio.sleep(0.05)
 
 
 async def _serve(
@@ -962,6 +990,7 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         limits=Limits(request_timeout=args.request_timeout),
         excludes=args.exclude,
         overlay=overlay,
+        journal=not args.no_journal,
     )
 
 

@@ -14,22 +14,28 @@ walk everything, which costs time, never a file (the argument is in
 
 from sprite_env.journal.journal import (
     OVERLAY_MIN_KERNEL,
+    ChangeJournal,
     Epoch,
     Journal,
     JournalUnavailable,
+    NoJournal,
     WalkPlan,
     kernel_reason,
     open_epoch,
+    open_journal,
     probe,
 )
 
 __all__ = [
     "OVERLAY_MIN_KERNEL",
+    "ChangeJournal",
     "Epoch",
     "Journal",
     "JournalUnavailable",
+    "NoJournal",
     "WalkPlan",
     "kernel_reason",
     "open_epoch",
+    "open_journal",
     "probe",
 ]

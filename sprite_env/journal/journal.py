@@ -391,10 +391,57 @@ class Journal:
         return out
 
 
+class NoJournal:
+    """Stands in for a journal that is not running (disabled, or not supported here), so
+    every checkpoint records why its walk was full."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        self._epoch = 0
+
+    def begin(self) -> WalkPlan:
+        self._epoch += 1
+        return WalkPlan(None, self.reason, self._epoch)
+
+    def commit(self, plan: WalkPlan, memo: WalkMemo) -> None:
+        pass
+
+    def abort(self, plan: WalkPlan, reason: str = "") -> None:
+        pass
+
+    def poll(self) -> int:
+        return 0
+
+    def force_full(self, reason: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+#: What an engine captures with: a running journal, or the reason there is none.
+ChangeJournal = Journal | NoJournal
+
+
+def open_journal(
+    root: str, *, views: Iterable[str] = (), overlay: bool = False, enabled: bool = True
+) -> ChangeJournal:
+    """A journal watching ``root``, or a :class:`NoJournal` saying why there is none."""
+    if not enabled:
+        return NoJournal("the change journal is off (--no-journal)")
+    why = probe(root, overlay=overlay)
+    if why is not None:
+        return NoJournal(f"no change journal: {why}")
+    try:
+        return Journal(root, views=views, overlay=overlay)
+    except JournalUnavailable as e:
+        return NoJournal(f"no change journal: {e}")
+
+
 class Epoch:
     """One capture's part in a journal's epochs; see :func:`open_epoch`."""
 
-    def __init__(self, journal: Journal | None, plan: WalkPlan | None) -> None:
+    def __init__(self, journal: ChangeJournal | None, plan: WalkPlan | None) -> None:
         self.journal = journal
         self.plan = plan
         self.memo: WalkMemo | None = None
@@ -420,7 +467,7 @@ class Epoch:
 
 
 @contextlib.contextmanager
-def open_epoch(journal: Journal | None) -> Iterator[Epoch]:
+def open_epoch(journal: ChangeJournal | None) -> Iterator[Epoch]:
     """Brackets one capture that writes the files cache: begins the journal's epoch, and
     commits it if the block ends normally after :meth:`Epoch.walked` (put the catalog
     commit inside the block), or aborts it (the next walk is full). With no journal, a

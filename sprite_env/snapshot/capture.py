@@ -356,12 +356,17 @@ class Capturer:
                 memo=memo,
             )
         # Rows not visited are kept (the hint vouched for them) unless their directory
-        # was walked and did not list them: then they and everything below are gone.
-        gone = {
-            p
-            for p in self.cache
-            if p and p not in self.visited and p not in self.kept and _parent(p) in self.visited
-        }
+        # was walked and no longer holds them as directories: then they and everything
+        # below are gone. Only a directory that got a new row can have lost a child, so
+        # only those rows' old children are looked at (not the whole cache: 15 ms of a
+        # 90 ms no-change checkpoint on 18k directories).
+        gone = set()
+        for rel in self.cache_changed:
+            old = self.cache.get(rel)
+            for name in old.sigs() if old is not None else ():
+                p = _join(rel, name)
+                if p in self.cache and p not in self.visited and p not in self.kept:
+                    gone.add(p)
         totals = {**self.hint.memo.totals, **self.totals}
         if gone:
             totals = {p: t for p, t in totals.items() if not _under_any(p, gone)}
