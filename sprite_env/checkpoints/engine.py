@@ -30,6 +30,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import blake3
+
 from sprite_env.checkpoints import registry
 from sprite_env.checkpoints.gc import reach
 from sprite_env.checkpoints.hashonly import HashOnlySink
@@ -39,7 +41,7 @@ from sprite_env.journal import ChangeJournal, open_epoch
 from sprite_env.overlay.merge import MergedTrees
 from sprite_env.snapshot import dircache, plan, preflight
 from sprite_env.snapshot.capture import CaptureResult, CaptureStats, Excludes, capture
-from sprite_env.snapshot.diff import Counted, Difference, count_changes
+from sprite_env.snapshot.diff import Change, Counted, Difference, count_changes
 from sprite_env.snapshot.paths import (
     InvalidPath,
     Parts,
@@ -464,17 +466,55 @@ class Engine:
         live, sink = self._capture_live()
         return Preview(cid, self._compare(sink.read, target.top_tree, live.top_tree, base_image))
 
-    @staticmethod
     def _compare(
+        self,
         read_tree: Callable[[ObjectId], bytes],
         old: ObjectId,
         new: ObjectId,
         base_image: str | None,
     ) -> list[Counted]:
-        if base_image is not None:
-            merged = MergedTrees(read_tree, base_image)
-            read_tree, old, new = merged.read, merged.top(old), merged.top(new)
-        return list(count_changes(read_tree, old, new))
+        if base_image is None:
+            return list(count_changes(read_tree, old, new))
+        merged = MergedTrees(read_tree, base_image)
+        items = list(count_changes(merged.read, merged.top(old), merged.top(new)))
+        return [c for it in items if (c := self._copy_up(merged, it)) is not None]
+
+    def _copy_up(self, merged: MergedTrees, it: Counted) -> Counted | None:
+        """A base-image file against its copy in UPPER: a content change only if the bytes
+        differ (a chmod copies the file up unchanged: that is metadata, or nothing)."""
+        d = it.difference
+        a, b = d.old, d.new
+        if (
+            d.change is not Change.MODIFIED
+            or a is None
+            or b is None
+            or a.kind is not Kind.FILE
+            or b.kind is not Kind.FILE
+            or a.size != b.size
+            or merged.from_lower(a) == merged.from_lower(b)
+        ):
+            return it
+
+        def digest(e: TreeEntry) -> bytes:
+            try:
+                return merged.digest(e, self.store.read)
+            except StoreError:  # the live side's data is hashed, not stored: read UPPER
+                h = blake3.blake3()
+                with open(os.path.join(os.fsencode(self.root), d.path), "rb") as f:
+                    for block in iter(lambda: f.read(1 << 20), b""):
+                        h.update(block)
+                return h.digest()
+
+        try:
+            same = digest(a) == digest(b)
+        except OSError:  # changed or gone since the capture: keep "change"
+            return it
+        if not same:
+            return it
+        if a.same_meta(b):
+            return None
+        meta = Difference(d.path, Change.META, a, b)
+        return Counted(meta, ((Change.META, 1),))
 
     # -- restore ---------------------------------------------------------------------------
 

@@ -33,13 +33,19 @@ from sprite_env.checkpoints.engine import RestoreFailed
 from sprite_env.daemon.activity import ActivityLog
 from sprite_env.daemon.environment import Environment
 from sprite_env.daemon.jobs import Job, JobRunner
-from sprite_env.daemon.retention import RetentionPolicy, make_room, plan_retention
+from sprite_env.daemon.retention import (
+    QuotaExceeded,
+    RetentionPolicy,
+    make_room,
+    plan_retention,
+)
 from sprite_env.daemon.scheduler import run_scheduler
 from sprite_env.errors import SpriteError, UserError
 from sprite_env.journal import ChangeJournal, Journal, NoJournal, open_journal
 from sprite_env.overlay import Overlay, freeze
 from sprite_env.overlay.freeze import FreezeReport
 from sprite_env.services import Supervisor
+from sprite_env.snapshot import plan
 from sprite_env.snapshot.diff import totals
 from sprite_env.snapshot.paths import entry_json, show
 from sprite_env.snapshot.tree import Kind
@@ -233,6 +239,12 @@ class Daemon:
         user sees them in MERGED, never UPPER's whiteouts (issue 10)."""
         return self.config.overlay.lower if self.config.overlay else None
 
+    def _merged_stats(self, cid: str, undo: str) -> dict[str, int]:
+        """An overlay restore's counters as its preview counted them: in MERGED's entries
+        (from ``cid`` to the state it replaced, ``undo``), not UPPER's whiteouts."""
+        changes = self.engine.diff(cid, undo, base_image=self._base_image())
+        return plan.as_stats(plan.counts(changes))
+
     async def activity_entries(self, limit: int, action: str | None) -> list[dict[str, Any]]:
         return await trio.to_thread.run_sync(lambda: self.activity.entries(limit, action))
 
@@ -246,7 +258,11 @@ class Daemon:
         text = reason if auto and reason else comment
         check_comment(text)
         if not auto:  # a manual create over the quota is refused before its stream starts
-            await trio.to_thread.run_sync(self._room_for, 1, True)
+            try:
+                await trio.to_thread.run_sync(self._room_for, 1, True, actor, "this checkpoint")
+            except QuotaExceeded as e:  # a failure like any other: in the activity log
+                await self._record("create", None, actor, False, str(e))
+                raise
 
         async def body(job: Job) -> Event:
             # An automatic one ("before <agent> session") is skipped only when it would be
@@ -320,7 +336,9 @@ class Daemon:
                     undo=None,
                     noop=True,
                 )
-            await trio.to_thread.run_sync(self._room_for, 1, False, actor)  # the undo point
+            await trio.to_thread.run_sync(
+                self._room_for, 1, False, actor, "the restore's undo checkpoint"
+            )
             undo_id = None
             if self.env.overlay is not None:
                 # The restore ends every session using MERGED, the caller's own included:
@@ -338,10 +356,13 @@ class Daemon:
                         cid, created_by=actor, progress=job.progress_from_thread(), undo_id=undo_id
                     )
                 )
+            stats = rep.to_json()
+            if self.config.overlay is not None and rep.undo is not None:
+                stats.update(await trio.to_thread.run_sync(self._merged_stats, cid, rep.undo))
             await self._record("restore", cid, actor, True, f"undo: {rep.undo}")
             await self._apply_retention(keep=rep.undo)
             return events.complete(
-                job.id, f"Restore from {cid} complete", id=cid, undo=rep.undo, stats=rep.to_json()
+                job.id, f"Restore from {cid} complete", id=cid, undo=rep.undo, stats=stats
             )
 
         return self.jobs.submit("restore", cid, actor, self._recorded("restore", cid, actor, body))
@@ -352,7 +373,9 @@ class Daemon:
 
         async def body(job: Job) -> Event:
             job.info("Resetting the layer to the base image...")
-            await trio.to_thread.run_sync(self._room_for, 1, False, actor)
+            await trio.to_thread.run_sync(
+                self._room_for, 1, False, actor, "the reset's undo checkpoint"
+            )
             await self._prewarm(job)
             async with self.env.down(job):
                 rep = await trio.to_thread.run_sync(
@@ -490,7 +513,9 @@ class Daemon:
                     noop=True,
                     paths=paths,
                 )
-            await trio.to_thread.run_sync(self._room_for, 1, False, actor)  # the undo point
+            await trio.to_thread.run_sync(
+                self._room_for, 1, False, actor, "the restore's undo checkpoint"
+            )
             undo_id = None
             if self.env.overlay is not None:
                 undo_id = await trio.to_thread.run_sync(self.engine.reserve_auto_id)
@@ -569,9 +594,10 @@ class Daemon:
 
     # -- policies --------------------------------------------------------------------------
 
-    def _room_for(self, adding: int, check_only: bool, actor: str = "quota") -> None:
+    def _room_for(self, adding: int, check_only: bool, actor: str = "quota", why: str = "") -> None:
         """Deletes automatic checkpoints (oldest first) so ``adding`` more fit the quota;
-        raises ``quota_exceeded`` if only manual checkpoints would be left to delete."""
+        raises ``quota_exceeded``, naming the manual checkpoints to delete and ``why`` the
+        room is needed, if only manual checkpoints would be left to delete."""
         cps = self.engine.checkpoints(include_auto=True)
         active = self.engine.active()
         drop = make_room(
@@ -579,6 +605,7 @@ class Daemon:
             self.config.max_checkpoints,
             adding=adding,
             protect={active} if active else set(),
+            why=why,
         )
         if drop and not check_only:
             self.engine.delete_many(drop)

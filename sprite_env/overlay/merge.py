@@ -33,6 +33,7 @@ from sprite_env.snapshot.tree import (
     INLINE_CHUNKS,
     Kind,
     TreeEntry,
+    decode_chunks,
     decode_tree,
     encode_chunks,
     encode_tree,
@@ -129,6 +130,35 @@ class MergedTrees:
             return encode_chunks(self._spans(meaning[1]))  # type: ignore[arg-type]
         _, rel, off, length = meaning  # type: ignore[misc]
         return self._read_span(rel, off, length)
+
+    # -- content -------------------------------------------------------------------------
+
+    def from_lower(self, e: TreeEntry) -> bool:
+        """True for a non-empty file whose bytes are read from LOWER (the base image's)."""
+        if e.kind is not Kind.FILE or not e.payload:
+            return False
+        if e.indirect:
+            return self.owns(ObjectId(e.payload))
+        pieces = decode_chunks(e.payload)
+        return bool(pieces) and pieces[0][0] is not None and self.owns(pieces[0][0])
+
+    def digest(self, e: TreeEntry, read_data: Callable[[ObjectId], bytes]) -> bytes:
+        """BLAKE3 of a file entry's bytes: LOWER's read from disk, others with ``read_data``.
+
+        A copy-up (a chmod of a base-image file, say) puts the same bytes in UPPER under
+        other chunk ids than the LOWER file's synthetic ones; comparing bytes tells a
+        metadata change from a content change.
+        """
+        pieces = decode_chunks(self.read(ObjectId(e.payload)) if e.indirect else e.payload)
+        h = blake3.blake3()
+        for oid, off, n in pieces:
+            if oid is None:  # a hole
+                for at in range(0, n, SPAN):
+                    h.update(bytes(min(SPAN, n - at)))
+                continue
+            data = self.read(oid) if self.owns(oid) else read_data(oid)
+            h.update(memoryview(data)[off : off + n])
+        return h.digest()
 
     # -- merging ---------------------------------------------------------------------------
 

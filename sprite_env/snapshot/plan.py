@@ -74,11 +74,20 @@ def step_json(it: Counted) -> dict[str, object]:
     return out
 
 
+#: The restore's counter (``RestoreStats``) of each action: one vocabulary, two spellings.
+STATS_FIELD = {
+    Action.DELETE: "removed",
+    Action.CHANGE: "modified",
+    Action.CREATE: "created",
+    Action.METADATA: "meta",
+}
+
+
 def stats_counts(stats: RestoreStats) -> dict[str, int]:
     """A restore's counters in a preview's words (:func:`counts`)."""
-    return {
-        Action.DELETE.value: stats.removed,
-        Action.CHANGE.value: stats.modified,
-        Action.CREATE.value: stats.created,
-        Action.METADATA.value: stats.meta,
-    }
+    return {a.value: int(getattr(stats, STATS_FIELD[a])) for a in ORDER}
+
+
+def as_stats(counts: dict[str, int]) -> dict[str, int]:
+    """A preview's counts under the restore's counter names (``RestoreStats``)."""
+    return {STATS_FIELD[a]: counts[a.value] for a in ORDER}

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from sprite_env.snapshot import plan
 from tests.helpers.cli import run_cli
 from tests.helpers.daemon import write_file
 
@@ -67,7 +68,31 @@ def test_preview_and_diff_show_merged_paths(overlay_daemon: Any) -> None:
     status, evs = d.stream("POST", "/v1/checkpoints/v0/restore")
     assert status == 202
     assert evs[-1]["type"] == "complete", evs
+    # the restore reports what it did in the preview's units: MERGED's entries
+    stats = evs[-1]["stats"]
+    reported = {k: stats[f] for k, f in ((a.value, f) for a, f in plan.STATS_FIELD.items())}
+    assert reported == {k: v for k, v in pv["counts"].items() if k != "remove"}
     with open(os.path.join(merged, "etc", "hosts")) as f:
         assert f.read() == "127.0.0.1 localhost\n"
     r = run_cli("checkpoints", "diff", "v0", "--json", env=d.env())
     assert json.loads(r.stdout)["changes"] == []
+
+
+def test_a_copy_up_with_the_base_bytes_is_metadata_not_content(overlay_daemon: Any) -> None:
+    d, o = overlay_daemon, overlay_daemon.overlay
+    d.create("base")
+    os.chmod(os.path.join(o.merged, "etc", "hosts"), 0o600)  # copied up, bytes unchanged
+    write_file(os.path.join(o.merged, "usr", "lib", "pkg", "m0.py"), b"# edited\n")
+    assert os.path.exists(os.path.join(o.upper, "etc", "hosts"))
+
+    r = run_cli("restore", "v0", "--preview", env=d.env())
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "  metadata  etc/hosts" in lines
+    assert "  change    usr/lib/pkg/m0.py" in lines
+    assert not any(line.startswith("  change    etc/hosts") for line in lines)
+
+    d.create("chmod")  # between two checkpoints: the copy's bytes are read from the store
+    r = run_cli("checkpoints", "diff", "v0", "v1", env=d.env())
+    assert "m etc/hosts" in r.stdout.splitlines()
+    assert "M usr/lib/pkg/m0.py" in r.stdout.splitlines()
