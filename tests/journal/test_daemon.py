@@ -61,3 +61,45 @@ def test_no_journal_walks_everything_and_says_why(daemon_factory: Any, layer: st
     info = _info(d, d.create("two")["id"])
     assert info["walk"] == "full"
     assert info["walk_reason"] == "the change journal is off (--no-journal)"
+
+
+def test_under_an_overlay_the_journal_sees_writes_through_merged(
+    daemon_factory: Any, fs: str, tmp_path: Any
+) -> None:
+    dirs = {n: os.path.join(fs, n) for n in ("lower", "upper", "work", "merged")}
+    for p in dirs.values():
+        os.mkdir(p)
+    for i in range(3):
+        write_file(os.path.join(dirs["lower"], "usr", "lib", f"m{i}.py"), b"# base %d\n" % i)
+    spec = ":".join(dirs[n] for n in ("lower", "upper", "work", "merged"))
+    d = daemon_factory(
+        "--overlay", spec, "--no-view", root=dirs["merged"], state=str(tmp_path / "state")
+    )
+    merged = dirs["merged"]
+    write_file(os.path.join(merged, "home", "app.py"), b"print(1)\n")
+    first = _info(d, d.create("first")["id"])
+    # Under an overlay a create is two passes: the first (running, here the full walk of
+    # a journal just started) stores nearly everything; the second, with the writers
+    # frozen, walks only what the journal saw during the first (issue 11, point 7).
+    assert (first["walk"], first["walk_reason"]) == ("journal", "")
+
+    time.sleep(0.06)
+    with open(os.path.join(merged, "usr", "lib", "m1.py"), "ab") as f:  # copied up, then written
+        f.write(b"# patched\n")
+    os.unlink(os.path.join(merged, "usr", "lib", "m2.py"))  # a whiteout in UPPER
+    second = _info(d, d.create("second")["id"])
+    assert (second["walk"], second["walk_reason"]) == ("journal", "")
+    status, diff = d.json("GET", f"/v1/checkpoints/{first['id']}/diff?against={second['id']}")
+    assert status == 200
+    changes = {c["path"]: c["change"] for c in diff["changes"]}
+    assert changes["usr/lib/m1.py"] == "modified", diff
+    assert changes["usr/lib/m2.py"] == "removed", diff
+
+    status, evs = d.stream("POST", f"/v1/checkpoints/{first['id']}/restore")
+    assert status == 202
+    assert evs[-1]["type"] == "complete", evs
+    time.sleep(0.06)
+    third = _info(d, d.create("after the restore")["id"])
+    assert third["walk"] == "journal"
+    status, diff = d.json("GET", f"/v1/checkpoints/{first['id']}/diff?against={third['id']}")
+    assert diff["changes"] == [], diff
