@@ -157,6 +157,8 @@ def change_lines(changes: Iterable[dict[str, Any]]) -> Iterator[str]:
         mark = _MARKS.get(ch["change"], ch["change"])
         n = ch.get("entries") or 1
         tail = f" ({n} entries)" if n > 1 else ""
+        inner = ch.get("inner") or {}  # a type change: the directory's contents came or went
+        tail += "".join(f" ({v} {k} inside)" for k, v in inner.items())
         yield f"{mark} {display_path(ch['path'])}{tail}"
 
 

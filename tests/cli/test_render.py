@@ -133,6 +133,9 @@ def test_diff_lines_say_when_nothing_changed() -> None:
     assert list(render.diff_lines("v0", "v1", [])) == ["no changes between v0 and v1"]
     dir_added = {"path": "new", "change": "added", "type": "dir", "entries": 51}
     assert list(render.diff_lines("v0", "v1", [dir_added])) == ["+ new (51 entries)"]
+    retyped = {"path": "p", "change": "modified", "type": "file", "entries": 1}
+    retyped["inner"] = {"removed": 12}
+    assert list(render.change_lines([retyped])) == ["M p (12 removed inside)"]
 
 
 def test_activity_table() -> None:
