@@ -1096,7 +1096,8 @@ class Engine:
         objects, or objects a read found damaged, are dropped in the same transaction: the
         next capture reads those directories afresh and stores the data again. Run at
         open and before each capture; when nothing is lost it costs one query and a
-        ``stat`` per pack.
+        ``stat`` per pack (6-8 ms for 1,000 packs, a 32 GB store; 0.07 ms for a small
+        one). Purging reads each cached tree once: 69 ms for 2,041 directories.
         """
         lost = self.store.lost_packs()
         damaged = frozenset(self.store.damaged) - self._cache_purged
