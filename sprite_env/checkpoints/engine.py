@@ -25,7 +25,7 @@ import sqlite3
 import stat
 import time
 import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -37,7 +37,7 @@ from sprite_env.checkpoints.gc import reach
 from sprite_env.checkpoints.hashonly import HashOnlySink
 from sprite_env.checkpoints.registry import Checkpoint, Registry
 from sprite_env.errors import SnapshotError, SpriteError, StoreError, UserError
-from sprite_env.journal import ChangeJournal, open_epoch
+from sprite_env.journal import ChangeJournal, Epoch, open_epoch
 from sprite_env.overlay.merge import MergedTrees
 from sprite_env.snapshot import dircache, plan, preflight
 from sprite_env.snapshot.capture import CaptureResult, CaptureStats, Excludes, capture
@@ -55,6 +55,7 @@ from sprite_env.snapshot.paths import (
 from sprite_env.snapshot.restore import PATCH_MIN, RestoreResult, RestoreStats, restore
 from sprite_env.snapshot.tree import Kind, TreeEntry, decode_chunks, decode_tree, encode_tree
 from sprite_env.store import ObjectKind, Store, open_store
+from sprite_env.store.codec import object_id
 from sprite_env.store.faults import crashpoint
 from sprite_env.store.prune import PruneReport, plan_prune
 
@@ -73,6 +74,8 @@ Progress = Callable[[str, Any], None]
 #: first with everything running (storing nearly all the data and refreshing the files
 #: cache), then inside the pause, where only what changed meanwhile is read again.
 Pause = Callable[[], AbstractContextManager[object]]
+#: Reads an object (a tree, a chunk list, data) by its id.
+ReadObject = Callable[["ObjectId"], bytes]
 
 
 class ActiveCheckpoint(UserError):
@@ -365,7 +368,6 @@ class Engine:
         check_comment(comment)
         self._forget_lost()  # before the files cache is loaded: it must not reuse lost data
         prewarmed = self.prewarm(progress) if pause is not None else 0
-        cache = dircache.load(self.store.catalog)
         parent = self.registry.active()
         history: list[str] = []
         parent_tree: ObjectId | None = None
@@ -376,6 +378,7 @@ class Engine:
             except registry.UnknownCheckpoint:
                 history = [parent]
         with open_epoch(self.journal) as ep, self.store.writer() as w:
+            cache = _files_cache(self.store, ep)
             with pause() if pause is not None else contextlib.nullcontext():
                 r = capture(
                     self.root,
@@ -424,7 +427,7 @@ class Engine:
                 self.root,
                 w,
                 self.store.read,
-                dircache.load(self.store.catalog),
+                _files_cache(self.store, ep),
                 excludes=self.excludes,
                 progress=(lambda s: progress("prewarm", s)) if progress else None,
                 hint=ep.hint,
@@ -769,30 +772,42 @@ class Engine:
         *,
         paths: list[str] | None = None,
         progress: Progress | None = None,
+        base_image: str | None = None,
     ) -> RestoreStats:
         """Writes checkpoint ``cid`` (or only ``paths`` of it, with the directories leading
-        to them) into the empty directory ``dest`` (root untouched).
+        to them) into the empty directory ``dest`` (root untouched). With ``base_image``
+        (an overlay's LOWER), as the environment saw it: the base image with the layer
+        over it, as the overlay view shows it.
 
         Raises:
             UnknownCheckpoint, InvalidPath, PathNotFound: a bad id or path.
             UserError: ``dest`` is not empty.
             StoreError: the checkpoint is damaged.
         """
-        target = self.registry.get(cid)
-        top = target.top_tree
-        read_tree: Callable[[ObjectId], bytes] = self.store.read
+        read, top = self._view(cid, base_image)
+        read_tree: ReadObject = read
         if paths:
-            chosen = self._chosen(cid, target.top_tree, paths, live=False)
-            sink = HashOnlySink(self.store)  # the selection's trees, in memory only
-            top = graft(sink.read, lambda d: sink.put(d, ObjectKind.TREE), None, top, chosen)
-            read_tree = sink.read
+            chosen = self._chosen(cid, top, paths, live=False, read=read)
+            made: dict[ObjectId, bytes] = {}  # the selection's trees, in memory only
+
+            def put(data: bytes) -> ObjectId:
+                oid = object_id(data)
+                made[oid] = data
+                return oid
+
+            def read_made(oid: ObjectId) -> bytes:
+                data = made.get(oid)
+                return data if data is not None else read(oid)
+
+            top = graft(read_made, put, None, top, chosen)
+            read_tree = read_made
         if os.listdir(dest):
             raise UserError(f"{dest} is not empty")
         try:
             res = restore(
                 dest,
                 read_tree,
-                self.store.read,
+                read,
                 None,
                 top,
                 progress=(lambda s: progress("restore", s)) if progress else None,
@@ -804,27 +819,42 @@ class Engine:
 
     # -- single paths ------------------------------------------------------------------------
 
-    def find(self, cid: str, path: str | bytes) -> TreeEntry:
+    def find(
+        self, cid: str, path: str | bytes, *, base_image: str | None = None
+    ) -> tuple[TreeEntry, ReadObject]:
         """The entry at ``path`` (relative to the layer's root; ``/`` is the root) in
-        checkpoint ``cid``, automatic ones included, mounted or not.
+        checkpoint ``cid``, automatic ones included, mounted or not, and the reader of its
+        objects (for :meth:`entries` and :meth:`read_file`). With ``base_image`` (an
+        overlay's LOWER): as the environment saw it, the base image's files included.
 
         Raises:
             UnknownCheckpoint: no such checkpoint.
             InvalidPath: ``..``, NUL, or a symlink or file on the way (never followed).
             PathNotFound: no such entry in that checkpoint (code ``not_found``).
         """
-        cp = self.registry.get(cid)
         parts = parse_path(path)
-        entry = lookup(self.store.read, cp.top_tree, parts, cid)
+        read, top = self._view(cid, base_image)
+        entry = lookup(read, top, parts, cid)
         if entry is None:
             raise PathNotFound(f"no {show(parts)} in checkpoint {cid}")
-        return entry
+        return entry, read
 
-    def entries(self, entry: TreeEntry) -> list[TreeEntry]:
-        """A directory entry's children, sorted by name."""
-        return decode_tree(self.store.read(entry.subtree))
+    def _view(self, cid: str, base_image: str | None) -> tuple[ReadObject, ObjectId]:
+        """The reader and top tree of checkpoint ``cid``: the store's, or merged over
+        ``base_image`` (a fresh merge: its synthetic ids live as long as the reader)."""
+        top = self.registry.get(cid).top_tree
+        if base_image is None:
+            return self.store.read, top
+        merged = MergedTrees(self.store.read, base_image)
+        return merged.read, merged.top(top)
 
-    def read_file(self, entry: TreeEntry, *, block: int = 1 << 20) -> Iterator[bytes]:
+    def entries(self, entry: TreeEntry, read: ReadObject | None = None) -> list[TreeEntry]:
+        """A directory entry's children, sorted by name (``read``: as :meth:`find` gave)."""
+        return decode_tree((read or self.store.read)(entry.subtree))
+
+    def read_file(
+        self, entry: TreeEntry, read: ReadObject | None = None, *, block: int = 1 << 20
+    ) -> Iterator[bytes]:
         """A file entry's bytes, piece by piece (holes as zeros, at most ``block`` at a
         time), read as they are consumed: a file of any size costs one chunk of memory.
 
@@ -836,14 +866,15 @@ class Engine:
 
         if entry.kind is not Kind.FILE:
             raise InvalidPath(f"{show(entry.name)[1:]} is a {entry.kind.name.lower()}, not a file")
-        raw = self.store.read(ObjectId(entry.payload)) if entry.indirect else entry.payload
+        read = read or self.store.read
+        raw = read(ObjectId(entry.payload)) if entry.indirect else entry.payload
         for oid, off, n in decode_chunks(raw):
             if oid is None:
                 while n > 0:
                     yield bytes(min(n, block))
                     n -= block
                 continue
-            piece = self.store.read(oid)[off : off + n]
+            piece = read(oid)[off : off + n]
             if len(piece) != n:
                 raise StoreError(f"chunk {oid.hex()[:16]} is shorter than its piece")
             yield piece
@@ -856,6 +887,7 @@ class Engine:
         created_by: str = "user",
         progress: Progress | None = None,
         undo_id: str | None = None,
+        base_image: str | None = None,
     ) -> RestoreReport:
         """Makes only ``paths`` (files or whole subtrees) of the layer as in checkpoint
         ``cid``, leaving everything else alone: a path the checkpoint holds is written (its
@@ -863,6 +895,9 @@ class Engine:
         hold is deleted. Undoable like any restore: an automatic checkpoint of the whole
         layer comes first (as in :meth:`restore`, ``undo_id`` reserves its id). The
         directories above the paths keep their live metadata; the active checkpoint stays.
+        Paths are the layer's (UPPER's, under an overlay: restoring one there brings back
+        what the environment saw, a whiteout or a copy-up included); with ``base_image``,
+        a path only the base image holds is no error (it is as in ``cid`` already).
 
         Raises:
             UnknownCheckpoint, InvalidPath, PathNotFound: a bad id or path (nothing changed;
@@ -870,7 +905,7 @@ class Engine:
             RestoreFailed: it stopped part-way (resumable like a whole restore).
         """
         target = self.registry.get(cid)
-        chosen = self._chosen(cid, target.top_tree, paths, live=True)
+        chosen = self._chosen(cid, target.top_tree, paths, live=True, base_image=base_image)
         texts = [os.fsdecode(b"/" + b"/".join(p)) for p in chosen]  # lossless (intent)
         comment = f"before restore of {_brief(chosen)} from {cid}"
         if undo_id is not None:
@@ -897,11 +932,13 @@ class Engine:
             self._verified.clear()
         return RestoreReport(cid, undo.id, res.stats, res.warnings, paths=texts)
 
-    def check_restore_paths(self, cid: str, paths: list[str]) -> bool:
+    def check_restore_paths(
+        self, cid: str, paths: list[str], *, base_image: str | None = None
+    ) -> bool:
         """:meth:`check_restore` for :meth:`restore_paths`: False when those paths already
         are as in ``cid``; raises what ``restore_paths`` would, before anything changes."""
         target = self.registry.get(cid)
-        chosen = self._chosen(cid, target.top_tree, paths, live=True)
+        chosen = self._chosen(cid, target.top_tree, paths, live=True, base_image=base_image)
         live, sink = self._capture_live()
         top = graft(
             sink.read,
@@ -921,7 +958,7 @@ class Engine:
         """What ``restore_paths(cid, paths)`` would do, without doing it (``base_image``: as
         in :meth:`diff`)."""
         target = self.registry.get(cid)
-        chosen = self._chosen(cid, target.top_tree, paths, live=True)
+        chosen = self._chosen(cid, target.top_tree, paths, live=True, base_image=base_image)
         live, sink = self._capture_live()
         top = graft(
             sink.read,
@@ -932,19 +969,36 @@ class Engine:
         )
         return Preview(cid, self._compare(sink.read, top, live.top_tree, base_image))
 
-    def check_paths(self, cid: str, paths: list[str], *, live: bool = True) -> None:
-        """Refuses, as :meth:`restore_paths` (``live``) or :meth:`export` would, paths that
-        cannot be restored or exported from ``cid``; cheap (lookups and lstat), for a host
-        to answer before it queues the job.
+    def check_paths(
+        self, cid: str, paths: list[str], *, live: bool = True, base_image: str | None = None
+    ) -> None:
+        """Refuses, as :meth:`restore_paths` (``live``) or :meth:`export` would (given the
+        same ``base_image``), paths that cannot be restored or exported from ``cid``;
+        cheap (lookups and lstat), for a host to answer before it queues the job.
 
         Raises:
             UnknownCheckpoint, InvalidPath, PathNotFound.
         """
-        self._chosen(cid, self.registry.get(cid).top_tree, paths, live=live)
+        if live:
+            top = self.registry.get(cid).top_tree
+            self._chosen(cid, top, paths, live=True, base_image=base_image)
+        else:
+            read, top = self._view(cid, base_image)
+            self._chosen(cid, top, paths, live=False, read=read)
 
-    def _chosen(self, cid: str, top: ObjectId, paths: list[str], *, live: bool) -> list[Parts]:
-        """The paths, parsed and checked against checkpoint ``cid`` (and, with ``live``, the
-        live layer, by lstat along the path: nothing is followed)."""
+    def _chosen(
+        self,
+        cid: str,
+        top: ObjectId,
+        paths: list[str],
+        *,
+        live: bool,
+        read: ReadObject | None = None,
+        base_image: str | None = None,
+    ) -> list[Parts]:
+        """The paths, parsed and checked against checkpoint ``cid``'s tree ``top`` (read
+        with ``read``) and, with ``live``, the live layer (by lstat along the path: nothing
+        is followed; a path only in ``base_image`` counts as there)."""
         chosen = minimal([parse_path(p) for p in paths])
         if not chosen:
             raise InvalidPath("no path given")
@@ -953,9 +1007,11 @@ class Engine:
                 "the path / is the whole layer: leave out the paths to restore or export all"
             )
         for p in chosen:
-            here = lookup(self.store.read, top, p, cid) is not None
+            here = lookup(read or self.store.read, top, p, cid) is not None
             if live:
                 there = _live_exists(self.root, p)  # first: it refuses a symlink on the way
+                if not there and base_image is not None:
+                    there = _live_exists(base_image, p)
                 if not (here or there):
                     raise PathNotFound(f"{show(p)} is neither in {cid} nor in the live layer")
             elif not here:
@@ -1115,6 +1171,13 @@ class Engine:
             with self.store.catalog.transaction() as db:
                 purge(db, set())
         self._cache_purged = self._cache_purged | damaged
+
+
+def _files_cache(store: Store, ep: Epoch) -> Mapping[bytes, dircache.CachedDir]:
+    """All rows for a full walk; row by row for a walk the journal narrowed."""
+    if ep.hint is not None:
+        return dircache.CacheView(store.catalog)
+    return dircache.load(store.catalog)
 
 
 def _save_cache(db: Any, r: CaptureResult) -> None:

@@ -53,7 +53,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -274,7 +274,7 @@ class Capturer:
         root: bytes,
         sink: ObjectSink,
         read_tree: ReadTree,
-        cache: dict[bytes, CachedDir],
+        cache: Mapping[bytes, CachedDir],
         *,
         excludes: Excludes | None = None,
         chunker: Chunker | None = None,
@@ -933,7 +933,7 @@ def capture(
     root: str | bytes,
     sink: ObjectSink,
     read_tree: ReadTree,
-    cache: dict[bytes, CachedDir] | None = None,
+    cache: Mapping[bytes, CachedDir] | None = None,
     *,
     excludes: Excludes | None = None,
     progress: Progress | None = None,

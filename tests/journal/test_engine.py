@@ -137,3 +137,20 @@ def test_a_failed_capture_makes_the_next_walk_full(layer: str, tmp_path: os.Path
         assert nxt.walk == "full"
         assert "did not finish" in nxt.walk_reason
         assert nxt.top_tree == _truth(e)
+
+
+def test_the_files_cache_row_by_row(tmp_path: os.PathLike[str]) -> None:
+    from sprite_env.snapshot import dircache
+
+    with open_store(os.path.join(os.fspath(tmp_path), "store"), create=True) as s:
+        rows = {
+            b"": dircache.CachedDir(b"\1" * 32, b""),
+            b"a/b": dircache.CachedDir(b"\2" * 32, b"x"),
+        }
+        with s.catalog.transaction() as db:
+            dircache.save(db, rows)  # type: ignore[arg-type]
+        view = dircache.CacheView(s.catalog)
+        assert view.get(b"a/b") == rows[b"a/b"]
+        assert view.get(b"a") is None
+        assert b"a" not in view
+        assert dict(view) == rows  # iterating reads every row

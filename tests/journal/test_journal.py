@@ -190,3 +190,13 @@ def test_writes_through_overlayfs_merged_reach_the_upper_layer(
                 assert b"new/sub" in dirty_after(j)[0]
         finally:
             os.close(fd)
+
+
+def test_force_full_makes_the_next_walk_full_once(layer: str) -> None:
+    with started(layer) as j:
+        j.force_full("the daemon rewrote the layer itself")
+        plan = j.begin()
+        assert plan.hint is None
+        assert plan.reason == "the daemon rewrote the layer itself"
+        j.commit(plan, MEMO)
+        assert dirty_after(j) == (set(), set())
