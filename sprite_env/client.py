@@ -86,6 +86,8 @@ OnEvent = Callable[[Event], None]
 JsonObject = dict[str, Any]
 JsonList = list[dict[str, Any]]
 Lines = list[str]
+#: Paths inside a checkpoint (``/etc/hosts``); a non-UTF-8 name as ``os.fsdecode`` gives it.
+Paths = list[str]
 Headers = list[tuple[str, str]]
 
 
@@ -274,9 +276,31 @@ class Client:
         """One checkpoint's record (``not_found``, ``invalid_id``)."""
         return self._object("GET", _path("/v1/checkpoints", id))
 
-    def preview(self, id: str) -> JsonObject:
-        """What restoring ``id`` would do: ``{"id", "counts", "changes"}``."""
+    def preview(self, id: str, *, paths: Paths | None = None) -> JsonObject:
+        """What restoring ``id`` (only ``paths`` of it, if given) would do:
+        ``{"id", "counts", "changes"}``."""
+        if paths:
+            url = _path("/v1/checkpoints", id, "preview")
+            return self._object("POST", url, {"paths": paths})
         return self._object("GET", _path("/v1/checkpoints", id, "preview"))
+
+    def open_file(self, id: str, path: str | bytes) -> Reply:
+        """``GET /v1/checkpoints/{id}/files/{path}`` of any checkpoint, automatic ones
+        included: the :class:`Reply`, whose body is the file's bytes (Content-Type
+        ``application/octet-stream``; read them with :func:`file_chunks`) or, for anything
+        else, the entry's JSON (a directory with its ``entries``). Close it when done.
+
+        Raises:
+            ApiError: ``not_found`` (no such checkpoint or path), ``invalid_path`` (``..``,
+                a symlink on the way), ``invalid_id``.
+        """
+        raw = path.encode("utf-8", "surrogateescape") if isinstance(path, str) else path
+        url = _path("/v1/checkpoints", id, "files") + "/" + quote(raw.lstrip(b"/"), safe="/")
+        reply = self._open("GET", url, None, [], stream=True)
+        if reply.status >= 300:
+            with reply:
+                raise reply.error()
+        return reply
 
     def diff(self, a: str, b: str | None = None) -> JsonObject:
         """Changes from checkpoint ``a`` to ``b`` (default: the live layer):
@@ -319,13 +343,37 @@ class Client:
             body["created_by"] = created_by
         return self._stream("POST", "/v1/checkpoint", body, on_event, detach=False)
 
-    def restore(self, id: str, *, on_event: OnEvent | None = None, detach: bool = False) -> Event:
-        """Makes the layer equal to checkpoint ``id``; returns the ``complete`` event
-        (``undo`` names the automatic checkpoint that undoes it). With ``detach``, returns
-        the first event instead: the job goes on; :meth:`follow` its ``job``."""
+    def restore(
+        self,
+        id: str,
+        *,
+        on_event: OnEvent | None = None,
+        detach: bool = False,
+        paths: Paths | None = None,
+    ) -> Event:
+        """Makes the layer equal to checkpoint ``id`` (only ``paths``, files or subtrees,
+        if given: the rest stays as it is); returns the ``complete`` event (``undo`` names
+        the automatic checkpoint that undoes it). With ``detach``, returns the first event
+        instead: the job goes on; :meth:`follow` its ``job``."""
+        body: JsonObject = {"paths": paths} if paths else {}
         return self._stream(
-            "POST", _path("/v1/checkpoints", id, "restore"), {}, on_event, detach=detach
+            "POST", _path("/v1/checkpoints", id, "restore"), body, on_event, detach=detach
         )
+
+    def export(
+        self,
+        id: str,
+        dest: str,
+        *,
+        paths: Paths | None = None,
+        on_event: OnEvent | None = None,
+    ) -> Event:
+        """Has the daemon write checkpoint ``id`` (only ``paths``, if given) into ``dest``,
+        an absolute directory on this machine that is missing or empty; returns the
+        ``complete`` event (``stats``)."""
+        body: JsonObject = {"dest": dest, "paths": paths or []}
+        url = _path("/v1/checkpoints", id, "export")
+        return self._stream("POST", url, body, on_event, detach=False)
 
     def reset(self, *, on_event: OnEvent | None = None, detach: bool = False) -> Event:
         """Empties the layer back to the base image (after an automatic checkpoint);
@@ -383,8 +431,8 @@ class Client:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _object(self, method: str, path: str) -> JsonObject:
-        value = self._json(method, path)
+    def _object(self, method: str, path: str, body: JsonObject | None = None) -> JsonObject:
+        value = self._json(method, path, body)
         if not isinstance(value, dict):
             raise ApiError("bad_response", f"{method} {path}: expected an object", 200)
         return value
@@ -395,15 +443,16 @@ class Client:
             raise ApiError("bad_response", f"{method} {path}: expected a list", 200)
         return value
 
-    def _json(self, method: str, path: str) -> Any:
-        with self._open(method, path, None, [], stream=False) as reply:
+    def _json(self, method: str, path: str, body: JsonObject | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        with self._open(method, path, data, [], stream=False) as reply:
             if reply.status >= 300:
                 raise reply.error()
-            body = reply.read()
+            raw = reply.read()
         try:
-            return json.loads(body)
+            return json.loads(raw)
         except ValueError:
-            text = body[:200].decode(errors="replace")
+            text = raw[:200].decode(errors="replace")
             raise ApiError("bad_response", f"{method} {path}: not JSON: {text}", 200) from None
 
     def _stream(
@@ -528,6 +577,25 @@ class Client:
             self.notice(line)
         elif sys.stderr.isatty():
             print(line, file=sys.stderr, flush=True)
+
+
+def file_chunks(reply: Reply, size: int = 1 << 20) -> Iterator[bytes]:
+    """The bytes of a file answer (:meth:`Client.open_file`), as they arrive.
+
+    Raises:
+        DaemonUnavailable: the answer ended short of its Content-Length (the daemon met
+            damage, or stopped): what came is not the whole file.
+    """
+    length = reply.headers.get("content-length")
+    expected = int(length) if length is not None and length.isdigit() else None
+    got = 0
+    for chunk in reply.chunks(size):
+        got += len(chunk)
+        yield chunk
+    if expected is not None and got != expected:
+        raise DaemonUnavailable(
+            f"the file's answer was cut after {got} of {expected} bytes (see the daemon's log)"
+        )
 
 
 def _path(base: str, *parts: str, query: dict[str, str] | None = None) -> str:

@@ -87,6 +87,7 @@ _API_EXIT_CODES: dict[str, int] = {
             "invalid_id",
             "invalid_comment",
             "invalid_actor",
+            "invalid_path",
             "not_found",
             "active_checkpoint",
             "quota_exceeded",

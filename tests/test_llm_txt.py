@@ -43,6 +43,8 @@ def test_llm_txt_shows_every_command() -> None:
         "sprite-env checkpoints delete",
         "sprite-env checkpoints log",
         "sprite-env restore v0",
+        "sprite-env checkpoints cat",
+        "sprite-env checkpoints export",
         "sprite-env reset --yes",
     ):
         assert any(w.startswith(needed) for w in words), needed
@@ -54,6 +56,8 @@ def test_llm_txt_shows_every_command() -> None:
         "-X DELETE",
         "/diff",
         "/preview",
+        "/files/",
+        "/export",
         "/v1/activity",
         "/v1/status",
         "/v1/jobs/1/events",
@@ -85,6 +89,10 @@ def test_every_command_in_llm_txt_runs(daemon: Any, tmp_path: Any) -> None:
             b'command = "while true; do echo up; sleep 1; done"\n',
         ),
         "ls /.sprite/checkpoints/": lambda: daemon.stream("POST", "/v1/checkpoints/v0/restore"),
+        # A path restore through the API with something to do.
+        "curl --unix-socket /.sprite/api.sock -X POST http://sprite/v1/checkpoints/v0/restore -d": (
+            lambda: write_file(hosts, b"changed by hand\n")
+        ),
     }
     ran = []
     for cmd in shown_commands():
@@ -92,11 +100,15 @@ def test_every_command_in_llm_txt_runs(daemon: Any, tmp_path: Any) -> None:
             if cmd.startswith(prefix) and prefix not in ran:
                 action()
                 ran.append(prefix)
+        # /etc/hosts is the layer's file for the shell's diff and cp; sprite-env takes paths
+        # relative to the layer's root as they are.
+        here = cmd if cmd.startswith("sprite-env") else cmd.replace(" /etc/hosts", " " + hosts)
         real = (
-            cmd.replace("/.sprite/api.sock", daemon.socket)
+            here.replace("/.sprite/api.sock", daemon.socket)
             .replace("/.sprite/", state + "/")
-            .replace(" /etc/hosts", " " + hosts)
             .replace("/tmp/hosts-from-v0", str(tmp_path / "hosts-from-v0"))
+            .replace("/tmp/v0-etc", str(tmp_path / "v0-etc"))
+            .replace("/tmp/v0-copy", str(tmp_path / "v0-copy"))
         )
         if real.startswith("curl "):
             real = "curl -sS --fail-with-body " + real[len("curl ") :]
@@ -112,5 +124,11 @@ def test_every_command_in_llm_txt_runs(daemon: Any, tmp_path: Any) -> None:
             continue
         assert p.returncode in ok, f"{cmd}\n-> {real}\nexit {p.returncode}\n{p.stdout}\n{p.stderr}"
     assert len(ran) == len(before)
+    for copy in ("v0-etc", "v0-copy"):  # the exports (CLI, API) hold v0's /etc only
+        assert os.listdir(tmp_path / copy) == ["etc"]
+        with open(tmp_path / copy / "etc" / "hosts", "rb") as f:
+            assert f.read() == b"127.0.0.1 localhost\n"
+    with open(hosts, "rb") as f:  # the API's path restore, the last restore run
+        assert f.read() == b"127.0.0.1 localhost\n"
     with open(tmp_path / "hosts-from-v0", "rb") as f:
         assert f.read() == b"127.0.0.1 localhost\n"

@@ -21,6 +21,7 @@ STATUS: dict[str, int] = {
     "invalid_id": 400,
     "invalid_comment": 400,
     "invalid_actor": 400,
+    "invalid_path": 400,
     "not_found": 404,
     "unknown_path": 404,
     "method_not_allowed": 405,

@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
+from urllib.parse import unquote, unquote_to_bytes
 
 import trio
 
@@ -57,6 +57,26 @@ def _body(req: Request, allowed: dict[str, type]) -> dict[str, Any]:
         if key in value and value[key] is not None and not isinstance(value[key], kind):
             raise Problem("bad_request", f"field {key!r} must be a {kind.__name__}")
     return value
+
+
+#: ``/v1/checkpoints/{id}/files/{path}``: the path may hold slashes (and be empty: the root).
+_FILES = re.compile(rf"/v1/checkpoints/{_ID}/files(?P<path>(?:/.*)?)")
+#: Paths one request may name, and the length of each (PATH_MAX).
+MAX_PATHS = 1000
+MAX_PATH = 4096
+
+
+def _paths(body: dict[str, Any]) -> list[str]:
+    """The ``paths`` field: non-empty strings, at most ``MAX_PATHS`` of ``MAX_PATH``."""
+    paths = body.get("paths") or []
+    if len(paths) > MAX_PATHS:
+        raise Problem("bad_request", f"at most {MAX_PATHS} paths in one request")
+    for path in paths:
+        if not isinstance(path, str) or not path or len(path) > MAX_PATH:
+            raise Problem(
+                "bad_request", f"each of 'paths' must be a path of 1 to {MAX_PATH} characters"
+            )
+    return list(paths)
 
 
 def _flag(req: Request, *names: str) -> bool:
@@ -119,7 +139,12 @@ class Router:
             (re.compile(r"/v1/checkpoint"), {"POST": self.create}),
             (re.compile(rf"/v1/checkpoints/{_ID}"), {"GET": self.info, "DELETE": self.delete}),
             (re.compile(rf"/v1/checkpoints/{_ID}/restore"), {"POST": self.restore}),
-            (re.compile(rf"/v1/checkpoints/{_ID}/preview"), {"GET": self.preview}),
+            (
+                re.compile(rf"/v1/checkpoints/{_ID}/preview"),
+                {"GET": self.preview, "POST": self.preview},
+            ),
+            (_FILES, {"GET": self.files}),
+            (re.compile(rf"/v1/checkpoints/{_ID}/export"), {"POST": self.export}),
             (re.compile(rf"/v1/checkpoints/{_ID}/diff"), {"GET": self.diff}),
             (re.compile(r"/v1/reset"), {"POST": self.reset}),
             (re.compile(r"/v1/activity"), {"GET": self.activity}),
@@ -186,7 +211,11 @@ class Router:
         return StreamResponse(200, job.stream())
 
     async def restore(self, req: Request, p: dict[str, str]) -> Answer:
-        body = _body(req, {"created_by": str})
+        body = _body(req, {"created_by": str, "paths": list})
+        paths = _paths(body)
+        if paths:  # only those files or subtrees (issue 10, point 5)
+            job = await self.daemon.restore_paths(_id(p["id"]), paths, self._actor(req, body))
+            return StreamResponse(202, job.stream())
         job = await self.daemon.restore(_id(p["id"]), self._actor(req, body))
         return StreamResponse(202, job.stream())
 
@@ -199,7 +228,32 @@ class Router:
         return json_response(await self.daemon.delete(_id(p["id"]), self._actor(req)))
 
     async def preview(self, req: Request, p: dict[str, str]) -> Answer:
+        paths = _paths(_body(req, {"paths": list})) if req.method == "POST" else []
+        if paths:
+            cid = _id(p["id"])
+            return json_response(await self.daemon.preview_paths(cid, paths, self._actor(req)))
         return json_response(await self.daemon.preview(_id(p["id"]), self._actor(req)))
+
+    async def files(self, req: Request, p: dict[str, str]) -> Answer:
+        """A file's bytes (``application/octet-stream`` with its Content-Length), or the
+        JSON of any other entry (a directory with its entries)."""
+        _check_query(req, set())
+        m = _FILES.fullmatch(req.path.rstrip("/"))
+        assert m is not None  # the router matched it
+        # The raw bytes of the path: a name need not be UTF-8 (unquote would replace it).
+        path = unquote_to_bytes(m.group("path")) or b"/"
+        got = await self.daemon.read_path(_id(p["id"]), path)
+        if isinstance(got, dict):
+            return json_response(got)
+        return StreamResponse(200, got.blocks, "application/octet-stream", length=got.size)
+
+    async def export(self, req: Request, p: dict[str, str]) -> Answer:
+        body = _body(req, {"dest": str, "paths": list, "created_by": str})
+        dest = body.get("dest")
+        if not dest:
+            raise Problem("bad_request", "field 'dest' (an absolute directory) is required")
+        job = await self.daemon.export(_id(p["id"]), dest, _paths(body), self._actor(req, body))
+        return StreamResponse(202, job.stream())
 
     async def diff(self, req: Request, p: dict[str, str]) -> Answer:
         _check_query(req, {"against"})

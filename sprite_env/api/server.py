@@ -81,11 +81,16 @@ class Response:
 
 @dataclass
 class StreamResponse:
-    """A chunked response of NDJSON lines; the iterator is closed if the client leaves."""
+    """A chunked response of NDJSON lines; the iterator is closed if the client leaves.
+
+    With ``length``, the body's size is sent as Content-Length instead of chunking (a
+    checkpoint's file): a body that ends short of it closes the connection, so the client
+    sees a cut answer, never a shorter file."""
 
     status: int
     lines: AsyncIterator[bytes]
     content_type: str = "application/x-ndjson"
+    length: int | None = None
 
 
 Handler = Callable[[Request], Awaitable[Response | StreamResponse]]
@@ -286,7 +291,10 @@ class _Connection:
                 drained += len(data)
 
     async def _stream(self, r: StreamResponse) -> None:
-        headers = self._headers(r.content_type, [("cache-control", "no-cache")])
+        extra = [("cache-control", "no-cache")]
+        if r.length is not None:
+            extra.append(("content-length", str(r.length)))
+        headers = self._headers(r.content_type, extra)
         try:
             await self._send(
                 h11.Response(status_code=r.status, headers=headers, reason=_reason(r.status))

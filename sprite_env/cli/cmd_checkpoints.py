@@ -2,8 +2,8 @@
 
 Each command runs one of two ways (``options.py``): as a client of the daemon
 (``online.py``, the default) or, given ``--root`` or ``--store``, on the store directly
-(``offline.py``). ``export`` is always offline; ``log`` (the daemon's activity log) always
-online. The chosen module loads when the command runs, so a client never loads the engine.
+(``offline.py``). ``log`` (the daemon's activity log) is always online. The chosen module
+loads when the command runs, so a client never loads the engine.
 """
 
 from __future__ import annotations
@@ -27,16 +27,6 @@ def either(name: str) -> Callable[[argparse.Namespace], int]:
             raise UserError("--exclude works offline only (with --root or --store)")
         where = "offline" if is_offline(args) else "online"
         module = importlib.import_module(f"sprite_env.cli.{where}")
-        return int(getattr(module, name)(args))
-
-    return run
-
-
-def offline_only(name: str) -> Callable[[argparse.Namespace], int]:
-    """A command of ``offline.py`` whatever the options (on ``/`` by default)."""
-
-    def run(args: argparse.Namespace) -> int:
-        module = importlib.import_module("sprite_env.cli.offline")
         return int(getattr(module, name)(args))
 
     return run
@@ -91,11 +81,25 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add_common_options(q)
     q.set_defaults(func=either("activity"))
 
-    q = csub.add_parser("export", help="write a checkpoint into an empty directory (offline)")
-    q.add_argument("id")
-    q.add_argument("dest")
+    q = csub.add_parser(
+        "export", help="write a checkpoint (any, automatic ones too) into an empty directory"
+    )
+    q.add_argument("id", help="the checkpoint (vN or auto-...)")
+    q.add_argument(
+        "dest",
+        help="a missing or empty directory; through the daemon, on this machine (made absolute)",
+    )
+    _add_path_option(q, "export only PATH (a file or a subtree, with the directories above it)")
     add_common_options(q)
-    q.set_defaults(func=offline_only("export"))
+    q.set_defaults(func=either("export"))
+
+    q = csub.add_parser(
+        "cat", help="write a file of any checkpoint (automatic ones too) to stdout, byte for byte"
+    )
+    q.add_argument("id", help="the checkpoint (vN or auto-...)")
+    q.add_argument("path", help="the file, relative to the layer's root (/etc/hosts or etc/hosts)")
+    add_common_options(q)
+    q.set_defaults(func=either("cat"))
 
 
 def add_restore_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -108,8 +112,21 @@ def add_restore_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         action="store_true",
         help="return once the daemon took the job; print how to follow it",
     )
+    _add_path_option(
+        q, "restore only PATH (a file or a subtree), leaving the rest of the layer as it is"
+    )
     add_common_options(q)
     q.set_defaults(func=_restore)
+
+
+def _add_path_option(q: argparse.ArgumentParser, what: str) -> None:
+    q.add_argument(
+        "--path",
+        action="append",
+        metavar="PATH",
+        help=f"{what}; relative to the layer's root whatever the current directory; "
+        "repeat for more (default: the whole checkpoint)",
+    )
 
 
 def _positive(text: str) -> int:

@@ -82,10 +82,11 @@ class _Progress:
 
 
 def create(args: argparse.Namespace) -> int:
+    who = _created_by(args)  # a bad --as is refused before the store is even opened
     with _Progress(args) as progress, _engine(args) as e:
         cp = e.create(
             args.comment or args.reason or "",
-            created_by=_created_by(args),
+            created_by=who,
             auto=args.auto,
             progress=progress,
         )
@@ -153,7 +154,7 @@ def export(args: argparse.Namespace) -> int:
 
 def cat(args: argparse.Namespace) -> int:
     with _engine(args) as e:
-        entry = e.find(args.id, os.fsencode(args.path))
+        entry, read = e.find(args.id, os.fsencode(args.path))
         if entry.kind is not Kind.FILE:
             shown = _entry_json(args.id, os.fsencode(args.path), entry, e)
             if args.json:
@@ -161,7 +162,7 @@ def cat(args: argparse.Namespace) -> int:
                 return 0
             raise UserError(render.not_a_file(args.id, shown))
         out = sys.stdout.buffer
-        for block in e.read_file(entry):
+        for block in e.read_file(entry, read):
             out.write(block)
         out.flush()
     return 0

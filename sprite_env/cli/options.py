@@ -4,8 +4,8 @@
   (``--socket``, ``$SPRITE_API_SOCK``, ``/.sprite/api.sock``); the daemon owns the store.
 - **Offline**: given ``--root`` or ``--store`` explicitly, the checkpoint commands open the
   store themselves and run the engine in this process (no daemon may hold that store).
-  ``store``, ``checkpoints export`` and ``checkpoints mount`` always work this way, on
-  ``/`` unless told otherwise.
+  ``store`` and ``checkpoints mount`` always work this way, on ``/`` unless told
+  otherwise. No offline command but ``store init`` creates a store.
 """
 
 from __future__ import annotations

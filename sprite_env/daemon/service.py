@@ -411,14 +411,17 @@ class Daemon:
             starts. A piece found damaged after the first block ends the answer short of
             its Content-Length (logged), which a client reports as a cut answer.
         """
-        entry = await trio.to_thread.run_sync(self.engine.find, cid, path)
+        base = self._base_image()  # under an overlay: as the environment saw it
+        entry, read = await trio.to_thread.run_sync(
+            lambda: self.engine.find(cid, path, base_image=base)
+        )
         if entry.kind is Kind.FILE:
-            blocks = self.engine.read_file(entry)
+            blocks = self.engine.read_file(entry, read)
             first = await trio.to_thread.run_sync(_take, blocks)  # damage: an error answer
             return FileBytes(entry.size, _send_blocks(first, blocks, f"{cid}:{show(path)}"))
         children = None
         if entry.kind is Kind.DIR:
-            children = await trio.to_thread.run_sync(self.engine.entries, entry)
+            children = await trio.to_thread.run_sync(self.engine.entries, entry, read)
         return entry_json(cid, path, entry, children)
 
     async def export(self, cid: str, dest: str, paths: list[str], actor: str) -> Job:
@@ -426,8 +429,11 @@ class Daemon:
         ``paths``) into ``dest``, an absolute directory that is missing or empty, on this
         machine as the daemon sees it. Refused before the job: an unknown id or path, a
         relative, non-empty or private DEST (see :meth:`_check_dest`)."""
+        base = self._base_image()
         if paths:  # an unknown id or path: 4xx before the job
-            await trio.to_thread.run_sync(lambda: self.engine.check_paths(cid, paths, live=False))
+            await trio.to_thread.run_sync(
+                lambda: self.engine.check_paths(cid, paths, live=False, base_image=base)
+            )
         else:
             await trio.to_thread.run_sync(self.engine.info, cid)
         self._check_dest(dest)
@@ -439,7 +445,11 @@ class Daemon:
                 os.mkdir(dest, 0o700)
             stats = await trio.to_thread.run_sync(
                 lambda: self.engine.export(
-                    cid, dest, paths=paths or None, progress=job.progress_from_thread()
+                    cid,
+                    dest,
+                    paths=paths or None,
+                    progress=job.progress_from_thread(),
+                    base_image=base,
                 )
             )
             shown = f" ({', '.join(paths)})" if paths else ""
@@ -497,13 +507,16 @@ class Daemon:
         down around it, an undo checkpoint first (under an overlay, its id said before the
         sessions end)."""
         # An unknown id, "..", a symlink on the way, a path in neither: 4xx before the 202.
-        await trio.to_thread.run_sync(self.engine.check_paths, cid, paths)
+        base = self._base_image()
+        await trio.to_thread.run_sync(lambda: self.engine.check_paths(cid, paths, base_image=base))
         shown = ", ".join(paths)
 
         async def body(job: Job) -> Event:
             job.info(f"Restoring {shown} from checkpoint {cid}...")
             await self._prewarm(job)
-            if not await trio.to_thread.run_sync(self.engine.check_restore_paths, cid, paths):
+            if not await trio.to_thread.run_sync(
+                lambda: self.engine.check_restore_paths(cid, paths, base_image=base)
+            ):
                 await self._record("restore", cid, actor, True, f"{shown}: already as in {cid}")
                 return events.complete(
                     job.id,
@@ -533,6 +546,7 @@ class Daemon:
                         created_by=actor,
                         progress=job.progress_from_thread(),
                         undo_id=undo_id,
+                        base_image=base,
                     )
                 )
             await self._record("restore", cid, actor, True, f"{shown}; undo: {rep.undo}")

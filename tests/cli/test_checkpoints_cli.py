@@ -19,6 +19,7 @@ def test_full_loop(tmp_path: os.PathLike[str]) -> None:
         r = run_cli("--root", root, *args)
         return r.returncode, r.stdout, r.stderr
 
+    assert cli("store", "init")[0] == 0  # offline, only store init creates one (issue 10)
     code, out, _ = cli("checkpoints", "create", "--comment", "first")
     assert code == 0
     assert "Checkpoint v0 created" in out
@@ -73,6 +74,7 @@ def test_excludes_are_saved_in_the_store(tmp_path: os.PathLike[str]) -> None:
     for name in ("cache/big", "keep"):
         with open(os.path.join(root, name), "w") as f:
             f.write(name)
+    assert run_cli("--root", root, "store", "init").returncode == 0
     r = run_cli("--root", root, "checkpoints", "create", "--exclude", "cache", "--json")
     assert json.loads(r.stdout)["files"] == 1
     r = run_cli("--root", root, "checkpoints", "create", "--json")  # the saved list applies
@@ -90,6 +92,7 @@ def test_offline_reset_is_refused_and_touches_nothing(tmp_path: os.PathLike[str]
     os.mkdir(root)
     with open(os.path.join(root, "a"), "w") as f:
         f.write("one")
+    assert run_cli("--root", root, "store", "init").returncode == 0
     assert run_cli("--root", root, "checkpoints", "create").returncode == 0
     before = snapshot_tree(root)
     for args in (["reset"], ["reset", "--yes"], ["reset", "--yes", "--json"]):

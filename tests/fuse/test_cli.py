@@ -33,6 +33,7 @@ def layer(tmp_path: os.PathLike[str]) -> Iterator[tuple[str, str]]:
     os.makedirs(os.path.join(root, "etc"))
     with open(os.path.join(root, "etc", "hosts"), "w") as f:
         f.write("127.0.0.1 localhost\n")
+    assert run_cli("--root", root, "store", "init").returncode == 0
     assert run_cli("--root", root, "checkpoints", "create").returncode == 0
     mnt = os.path.join(root, ".sprite", "checkpoints")
     try:
