@@ -967,7 +967,7 @@ def capture(
                 os.fsencode(root),
                 sink,
                 read_tree,
-                cache or {},
+                cache if cache is not None else {},  # not ``or``: a view's len reads all
                 excludes=excludes,
                 progress=progress,
                 hint=hint,
@@ -983,7 +983,7 @@ def capture(
         os.fsencode(root),
         sink,
         read_tree,
-        cache or {},
+        cache if cache is not None else {},  # not ``or``: a view's len reads all
         excludes=excludes,
         progress=progress,
         on_warning=on_warning,

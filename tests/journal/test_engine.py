@@ -154,3 +154,29 @@ def test_the_files_cache_row_by_row(tmp_path: os.PathLike[str]) -> None:
         assert view.get(b"a") is None
         assert b"a" not in view
         assert dict(view) == rows  # iterating reads every row
+
+
+def test_a_journal_walk_reads_only_the_rows_it_needs(
+    layer: str, tmp_path: os.PathLike[str]
+) -> None:
+    from sprite_env.snapshot import dircache
+
+    for d in range(30):
+        write_file(f"{layer}/d{d}/sub/f", b"%d" % d)
+    time.sleep(0.06)  # so the first walk's rows are not racy (they would vouch for nothing)
+    with Engine(layer, os.path.join(os.fspath(tmp_path), "store")) as e, Journal(layer) as j:
+        e.journal = j
+        e.create()
+        time.sleep(0.06)
+        write_file(f"{layer}/d3/sub/f", b"changed")
+        plan = j.begin()
+        view = dircache.CacheView(e.store.catalog)
+        sink = HashOnlySink(e.store)
+        r = capture(layer, sink, sink.read, view, excludes=e.excludes, hint=plan.hint)
+        assert r.walk == "journal"
+        assert r.top_tree == _truth(e)
+        assert view._all is None  # never loaded whole
+        # the root, its 30 children (each checked, not opened), d3/sub and the names it
+        # held (looked up for removed directories): not the 61 rows of the cache
+        assert len(view._rows) <= 35
+        j.abort(plan)
