@@ -186,7 +186,8 @@ def restore(args: argparse.Namespace) -> int:
                     print("\n".join(render.preview_lines(args.id, counts, changes, limit=None)))
                 return 0
             lines = render.preview_lines(args.id, counts, changes, limit=render.PREVIEW_LINES)
-            if not render.confirm(f"Restore {args.id}?", lines, what="restore", flag="--yes"):
+            what = f"{', '.join(args.path)} from {args.id}" if args.path else args.id
+            if not render.confirm(f"Restore {what}?", lines, what="restore", flag="--yes"):
                 return render.EXIT_DECLINED
         with _Progress(args) as progress:
             if args.path:  # those paths only (issue 10, point 5)

@@ -119,7 +119,7 @@ def restore(args: argparse.Namespace) -> int:
         lines = render.preview_lines(
             args.id, pv["counts"], pv.get("changes") or [], limit=render.PREVIEW_LINES
         )
-        if not render.confirm(f"Restore {args.id}?", lines, what="restore", flag="--yes"):
+        if not render.confirm(f"Restore {_restored(args)}?", lines, what="restore", flag="--yes"):
             return render.EXIT_DECLINED
 
     def start(on_event: OnEvent) -> Event:

@@ -318,3 +318,26 @@ def test_overlay_cat_export_and_restore_paths_as_the_environment_sees_them(
         if d.proc is not None and d.proc.returncode is None:
             assert d.stop() == 0, d.log()
         subprocess.run(["umount", "-l", merged], capture_output=True, check=False)
+
+
+def test_restore_path_on_a_terminal_previews_only_that_path(daemon_factory: Any) -> None:
+    from tests.cli.test_preview import _under_a_terminal
+
+    d = daemon_factory("--no-view")
+    _layer(d.root)
+    _manual(d, "v0")
+    write_file(os.path.join(d.root, "app/lib/new.py"), b"new\n")
+    write_file(os.path.join(d.root, "notes.txt"), b"changed, outside the path\n")
+    env = {**os.environ, **d.env()}
+    shown = _under_a_terminal(env, "restore", "v0", "--path", "/app/lib", answer=b"y\n")
+    sample = [line for line in shown.splitlines() if line.startswith("  ")]
+    assert any("new.py" in line for line in sample), shown
+    assert not any("notes.txt" in line for line in sample), shown
+    assert "Restore /app/lib from v0? [y/N]" in shown, shown
+    assert "Restored /app/lib from v0" in shown, shown
+    assert not os.path.exists(os.path.join(d.root, "app/lib/new.py"))
+    with open(os.path.join(d.root, "notes.txt"), "rb") as f:
+        assert f.read() == b"changed, outside the path\n"
+    r = _cli(d, "restore", "v0", "--path", "/app/lib", "--preview")
+    assert r.returncode == 0, r.stderr
+    assert b"notes.txt" not in r.stdout
