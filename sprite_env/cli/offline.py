@@ -15,10 +15,11 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from sprite_env.checkpoints import Engine
+from sprite_env.checkpoints.engine import CHECK_HINT
 from sprite_env.cli import render
 from sprite_env.cli.options import actor, root_dir, store_dir
 from sprite_env.cli.progress import EventDisplay
-from sprite_env.errors import NotAStore, UserError
+from sprite_env.errors import NotAStore, StoreError, UserError
 from sprite_env.snapshot.paths import entry_json
 from sprite_env.snapshot.tree import Kind
 from sprite_env.store.repository import MARKER
@@ -162,8 +163,13 @@ def cat(args: argparse.Namespace) -> int:
                 return 0
             raise UserError(render.not_a_file(args.id, shown))
         out = sys.stdout.buffer
-        for block in e.read_file(entry, read):
-            out.write(block)
+        try:
+            for block in e.read_file(entry, read):
+                out.write(block)
+        except StoreError as err:  # what was written is a prefix: say so, exit 3
+            raise StoreError(
+                f"checkpoint {args.id} is damaged at {args.path}: {err} (see: {CHECK_HINT})"
+            ) from None
         out.flush()
     return 0
 

@@ -29,7 +29,7 @@ from sprite_env import __version__, daemonlock, privacy
 from sprite_env.api import events
 from sprite_env.api.server import Limits, serve_unix
 from sprite_env.checkpoints import Engine
-from sprite_env.checkpoints.engine import RestoreFailed
+from sprite_env.checkpoints.engine import CHECK_HINT, RestoreFailed
 from sprite_env.daemon.activity import ActivityLog
 from sprite_env.daemon.environment import Environment
 from sprite_env.daemon.jobs import Job, JobRunner
@@ -40,7 +40,7 @@ from sprite_env.daemon.retention import (
     plan_retention,
 )
 from sprite_env.daemon.scheduler import run_scheduler
-from sprite_env.errors import SpriteError, UserError
+from sprite_env.errors import SpriteError, StoreError, UserError
 from sprite_env.journal import ChangeJournal, Journal, NoJournal, open_journal
 from sprite_env.overlay import Overlay, freeze
 from sprite_env.overlay.freeze import FreezeReport
@@ -417,7 +417,12 @@ class Daemon:
         )
         if entry.kind is Kind.FILE:
             blocks = self.engine.read_file(entry, read)
-            first = await trio.to_thread.run_sync(_take, blocks)  # damage: an error answer
+            try:
+                first = await trio.to_thread.run_sync(_take, blocks)  # damage: an error answer
+            except StoreError as e:
+                raise StoreError(
+                    f"checkpoint {cid} is damaged at {show(path)}: {e} (see: {CHECK_HINT})"
+                ) from None
             return FileBytes(entry.size, _send_blocks(first, blocks, f"{cid}:{show(path)}"))
         children = None
         if entry.kind is Kind.DIR:

@@ -341,3 +341,55 @@ def test_restore_path_on_a_terminal_previews_only_that_path(daemon_factory: Any)
     r = _cli(d, "restore", "v0", "--path", "/app/lib", "--preview")
     assert r.returncode == 0, r.stderr
     assert b"notes.txt" not in r.stdout
+
+
+def _flip_a_byte(d: DaemonProcess, data: bytes) -> None:
+    """Damages the stored object holding ``data`` (a chunk), behind the daemon's back."""
+    from sprite_env.store.catalog import Catalog
+    from sprite_env.store.codec import object_id
+    from sprite_env.store.pack import ENTRY, pack_path
+
+    store = os.path.join(d.state, "store")
+    catalog = Catalog(os.path.join(store, "catalog.db"), readonly=True)
+    try:
+        loc = catalog.locate(object_id(data))
+    finally:
+        catalog.close()
+    assert loc is not None
+    with open(pack_path(os.path.join(store, "packs"), loc.pack), "r+b") as f:
+        f.seek(loc.entry.offset + ENTRY.size + 5)
+        b = f.read(1)
+        f.seek(loc.entry.offset + ENTRY.size + 5)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def test_a_damaged_piece_is_an_error_never_a_shorter_file(daemon_factory: Any) -> None:
+    import random
+
+    from sprite_env.store.chunker import Chunker
+
+    d = daemon_factory("--no-view")
+    big = random.Random(5).randbytes(3 << 20)
+    small = random.Random(6).randbytes(10_000)  # one chunk
+    write_file(os.path.join(d.root, "big.bin"), big)
+    write_file(os.path.join(d.root, "small.bin"), small)
+    _manual(d, "v0")
+    at, late = 0, b""
+    for chunk in Chunker().chunks_of_bytes(big):
+        if at >= 2 << 20:  # past the first block the daemon reads before it answers
+            late = bytes(chunk)
+            break
+        at += len(chunk)
+    _flip_a_byte(d, late)
+    _flip_a_byte(d, small)
+
+    r = _cli(d, "checkpoints", "cat", "v0", "/big.bin")
+    assert r.returncode == 5, r.stderr
+    assert b"answer was cut after" in r.stderr
+    assert len(r.stdout) < len(big)  # what came is a prefix, and the exit says it is cut
+    assert big.startswith(r.stdout)
+    r = _cli(d, "checkpoints", "cat", "v0", "/small.bin")  # damage in the first block
+    assert r.returncode == 3, r.stderr
+    assert b"checkpoint v0 is damaged at /small.bin" in r.stderr
+    assert b"store check --read-data" in r.stderr
+    assert r.stdout == b""
