@@ -383,7 +383,9 @@ class Sprite(Peer):
         return self.untimed(Cmd([*sprite_argv(), "--version"])).strip()
 
     def init(self) -> None:
-        self.wipe()  # the first ``checkpoints create`` creates the store
+        self.wipe()
+        # Offline, only ``store init`` creates a store (issue 10), not the first create.
+        self.untimed(Cmd([*self.base, "store", "init"]))
 
     def snapshot(self, label: str) -> Cmd:
         return Cmd([*self.base, "checkpoints", "create", "--comment", label, "--json"])

@@ -390,8 +390,10 @@ def prepare_tools(
         store = os.path.join(work, "sprite-store")
         if not reuse:
             t = time.perf_counter()
-            argv = ["--root", data, "--store", store, "checkpoints", "create"]
-            run([sys.executable, "-m", "sprite_env", *argv], cwd=REPO)
+            where = ["--root", data, "--store", store]
+            if not os.path.exists(store):  # offline, only store init creates one (issue 10)
+                run([sys.executable, "-m", "sprite_env", *where, "store", "init"], cwd=REPO)
+            run([sys.executable, "-m", "sprite_env", *where, "checkpoints", "create"], cwd=REPO)
             setup["sprite-env checkpoint"] = time.perf_counter() - t
         src = frozen_copy(None, os.path.join(work, "frozen")) if freeze else ""
         mounts.append(SpriteMount(os.path.join(work, "mnt-sprite"), data, store, src=src))
