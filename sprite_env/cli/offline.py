@@ -37,7 +37,12 @@ def _engine(args: argparse.Namespace) -> Engine:
     host): only ``store init`` does."""
     store = store_dir(args)
     try:
-        return Engine(root_dir(args), store, excludes=args.exclude, create=False)
+        # ROOT/.sprite holds the default store (and mount point): like the daemon's state
+        # directory it is not part of the layer, so no checkpoint shows it (issue 10).
+        private = [] if args.store else [os.path.join(root_dir(args), ".sprite")]
+        return Engine(
+            root_dir(args), store, excludes=args.exclude, exclude_dirs=private, create=False
+        )
     except NotAStore:
         if os.path.lexists(os.path.join(store, MARKER)):
             raise  # a store, but unreadable or of a newer format: its own message

@@ -267,6 +267,12 @@ def test_offline_commands_never_create_a_store(tmp_path: Any) -> None:
     assert r.returncode == 0, r.stderr
     r = run_cli("--root", layer, "checkpoints", "cat", "v0", "/f")
     assert (r.returncode, r.stdout) == (0, "x")
+    # LAYER/.sprite (the default store's home) is not part of the layer: no checkpoint or
+    # diff shows it.
+    r = run_cli("--root", layer, "--json", "checkpoints", "cat", "v0", "/")
+    assert [e["name"] for e in json.loads(r.stdout)["entries"]] == ["f"]
+    r = run_cli("--root", layer, "checkpoints", "diff", "v0")
+    assert ".sprite" not in r.stdout, r.stdout
 
 
 @pytest.mark.fuse
