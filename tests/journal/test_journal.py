@@ -200,3 +200,17 @@ def test_force_full_makes_the_next_walk_full_once(layer: str) -> None:
         assert plan.reason == "the daemon rewrote the layer itself"
         j.commit(plan, MEMO)
         assert dirty_after(j) == (set(), set())
+
+
+def test_a_file_system_without_file_handles_gets_no_journal_and_a_reason() -> None:
+    from sprite_env.journal import NoJournal, open_journal
+
+    j = open_journal("/proc")  # procfs cannot encode file handles
+    assert isinstance(j, NoJournal)
+    assert j.reason == (
+        "no change journal: cannot watch the file system of /proc (Operation not supported)"
+    )
+    plan = j.begin()
+    assert plan.hint is None
+    assert plan.reason == j.reason
+    assert isinstance(open_journal("/proc", enabled=False), NoJournal)
