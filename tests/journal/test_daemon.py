@@ -103,3 +103,20 @@ def test_under_an_overlay_the_journal_sees_writes_through_merged(
     assert third["walk"] == "journal"
     status, diff = d.json("GET", f"/v1/checkpoints/{first['id']}/diff?against={third['id']}")
     assert diff["changes"] == [], diff
+
+
+def test_a_restarted_daemon_walks_everything_once(daemon_factory: Any, layer: str) -> None:
+    _layer(layer)
+    d = daemon_factory("--no-view", root=layer)
+    d.create("one")
+    assert d.stop() == 0
+    write_file(os.path.join(layer, "src", "while-down.py"), b"x")  # no journal saw this
+    d2 = daemon_factory("--no-view", root=layer)
+    info = _info(d2, d2.create("two")["id"])
+    assert info["walk"] == "full"
+    assert "just started" in info["walk_reason"]
+    assert info["files"] == 9
+    time.sleep(0.06)
+    write_file(os.path.join(layer, "src", "after.py"), b"y")
+    info = _info(d2, d2.create("three")["id"])
+    assert (info["walk"], info["files"]) == ("journal", 10)
