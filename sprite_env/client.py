@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
+from sprite_env import statelock
 from sprite_env.errors import ApiError, DaemonUnavailable, UserError
 
 if TYPE_CHECKING:
@@ -74,6 +75,9 @@ DEFAULT_WAIT = 30.0
 #: Seconds a connection may stay silent before an answer (a diff or a preview scans the
 #: layer first, and may queue behind a restore). Streams wait without a limit once started.
 DEFAULT_TIMEOUT = 300.0
+#: Seconds to wait where no daemon holds STATE/daemon.lock (none ever ran, or it died):
+#: one started just before this client may not have taken the lock yet.
+NO_DAEMON_GRACE = 0.8
 _POLL = 0.1  # seconds between attempts to reach a daemon that is not answering yet
 _MAX_EMPTY_REATTACH = 3  # re-attaches in a row that bring nothing new: the stream is broken
 
@@ -518,13 +522,29 @@ class Client:
     ) -> Reply:
         """Sends one request, retrying while the daemon is not there yet (see the module
         docstring); returns the reply whatever its status."""
-        deadline = time.monotonic() + self.wait
+        start = time.monotonic()
+        deadline = start + self.wait
         waiting = False
+        doing = "starting or finishing a restore"
+        gone: statelock.Holder | None = None
         while True:
             try:
                 reply = self._attempt(method, path, body, headers, stream=stream)
             except (FileNotFoundError, ConnectionRefusedError):
-                pass  # nobody listens (yet): nothing was sent
+                # Nobody listens (nothing was sent). Wait only for a daemon on its way.
+                holder = statelock.read(os.path.dirname(self.socket_path))
+                gone = holder if holder is not None and not holder.alive else None
+                if gone is not None:
+                    pid = statelock.starting_daemon(os.path.dirname(self.socket_path))
+                    if pid is not None:
+                        gone, doing = None, f"pid {pid} is starting"
+                if gone is not None:
+                    # None runs there (none ever did, or it died: a stale socket). One
+                    # launched a moment ago takes the lock about 0.3 s after it starts:
+                    # a short grace, not the whole wait.
+                    deadline = min(deadline, start + NO_DAEMON_GRACE)
+                if holder is not None and holder.phase is not None:
+                    doing = statelock.DOING[holder.phase]
             except TimeoutError:
                 raise DaemonUnavailable(
                     f"the daemon at {self.socket_path} did not answer within {self.timeout:g} s"
@@ -534,20 +554,21 @@ class Client:
                     f"cannot talk to the daemon at {self.socket_path}: {e}"
                 ) from None
             else:
+                gone = None
                 if reply.status != 503 or reply.error().code not in _NOT_READY:
                     return reply  # (an error's body was read whole; the reply replays it)
                 reply.close()
             if time.monotonic() >= deadline:
+                if gone is not None:
+                    raise DaemonUnavailable(_no_daemon(self.socket_path, gone.pid))
                 raise DaemonUnavailable(
-                    f"no sprite-env daemon answers at {self.socket_path}; "
-                    "start one with: sprite-env daemon"
+                    f"no sprite-env daemon answers at {self.socket_path} after "
+                    f"{self.wait:g} s; start one with: sprite-env daemon --overlay "
+                    "LOWER:UPPER:WORK:MERGED (a sprite) or --root DIR"
                 )
-            if not waiting:
+            if not waiting and gone is None:  # (the grace for no daemon passes silently)
                 waiting = True
-                self._say(
-                    f"waiting for the sprite-env daemon at {self.socket_path} "
-                    "(starting or finishing a restore)..."
-                )
+                self._say(f"waiting for the sprite-env daemon at {self.socket_path} ({doing})...")
             time.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))
 
     def _attempt(
@@ -596,6 +617,14 @@ def file_chunks(reply: Reply, size: int = 1 << 20) -> Iterator[bytes]:
         raise DaemonUnavailable(
             f"the file's answer was cut after {got} of {expected} bytes (see the daemon's log)"
         )
+
+
+def _no_daemon(socket_path: str, pid: int | None) -> str:
+    last = f" (the last one, pid {pid}, is gone: stopped or killed)" if pid else ""
+    return (
+        f"no sprite-env daemon runs for {socket_path}{last}; start one with: sprite-env "
+        "daemon --overlay LOWER:UPPER:WORK:MERGED (a sprite) or --root DIR"
+    )
 
 
 def _path(base: str, *parts: str, query: dict[str, str] | None = None) -> str:

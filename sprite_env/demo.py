@@ -378,13 +378,13 @@ def _session(base: str, daemon: DaemonProcess, no_view: str | None, say: Say) ->
 
     # -- two checkpoints -------------------------------------------------------------------
     out = sh.sprite("checkpoints", "create", "--comment", "sample tree")
-    _expect(out, "Checkpoint v0 created", "the first checkpoint is not v0")
+    _expect(out, "Checkpoint created: v0", "the first checkpoint is not v0")
     out = sh.sprite("checkpoints", "list")
     _expect(out, "sample tree", "the list does not show v0")
     for shown in mutate_sample_tree(layer):
         say(f"$ {shown}")
     out = sh.sprite("checkpoints", "create", "--comment", "after an edit")
-    _expect(out, "Checkpoint v1 created", "the second checkpoint is not v1")
+    _expect(out, "Checkpoint created: v1", "the second checkpoint is not v1")
     client = Client(daemon.socket, actor="demo")
     v0, v1 = client.info("v0"), client.info("v1")
     if v1["bytes_added"] > 64 << 10:

@@ -100,6 +100,7 @@ _API_EXIT_CODES: dict[str, int] = {
         2,
     ),
     "store_error": 3,
+    "restore_failed": 6,
     "busy": 4,
 }
 

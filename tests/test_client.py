@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -92,7 +94,8 @@ def test_missing_socket_fails_at_once_without_wait(
     assert time.monotonic() - start < 1
     assert info.value.exit_code == 5
     assert str(info.value) == (
-        f"no sprite-env daemon answers at {sock_path}; start one with: sprite-env daemon"
+        f"no sprite-env daemon runs for {sock_path}; start one with: sprite-env daemon "
+        "--overlay LOWER:UPPER:WORK:MERGED (a sprite) or --root DIR"
     )
 
 
@@ -103,23 +106,59 @@ def test_socket_nobody_listens_on_fails_at_once(
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.bind(sock_path)  # a socket file, but nothing listens: connections are refused
         start = time.monotonic()
-        with pytest.raises(DaemonUnavailable, match="no sprite-env daemon answers"):
+        with pytest.raises(DaemonUnavailable, match="no sprite-env daemon runs"):
             Client(sock_path).status()
         assert time.monotonic() - start < 1
 
 
-def test_waits_the_bounded_time_and_says_so_once(sock_path: str) -> None:
+@pytest.fixture
+def holder(sock_path: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A live process that holds STATE/daemon.lock as a starting daemon does (its pid in
+    the file, "sprite_env" in its command line) before its socket exists."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "sprite_env"])
+    with open(os.path.join(os.path.dirname(sock_path), "daemon.lock"), "w") as f:
+        f.write(f"{p.pid}\nstarting\n")
+    yield p
+    p.kill()
+    p.wait()
+
+
+def test_no_daemon_fails_in_under_a_second_without_waiting_the_whole_wait(
+    sock_path: str,
+) -> None:
+    # Issue 10: every command waited 30 s with no daemon, and blamed a restore.
     said: list[str] = []
     start = time.monotonic()
-    with pytest.raises(DaemonUnavailable):
-        Client(sock_path, wait=0.4, notice=said.append).status()
-    assert 0.4 <= time.monotonic() - start < 2
-    assert said == [
-        f"waiting for the sprite-env daemon at {sock_path} (starting or finishing a restore)..."
-    ]
+    with pytest.raises(DaemonUnavailable, match="no sprite-env daemon runs for"):
+        Client(sock_path, wait=30, notice=said.append).status()
+    assert time.monotonic() - start < 1.5
+    assert said == []
 
 
-def test_waits_for_a_daemon_that_comes_up(sock_path: str) -> None:
+def test_a_stale_socket_names_the_dead_daemon(sock_path: str) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass", "sprite_env"])
+    dead.wait()
+    with open(os.path.join(os.path.dirname(sock_path), "daemon.lock"), "w") as f:
+        f.write(f"{dead.pid}\nserving\n")  # what a kill -9 leaves
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(sock_path)
+        start = time.monotonic()
+        with pytest.raises(DaemonUnavailable) as info:
+            Client(sock_path, wait=30).status()
+        assert time.monotonic() - start < 1.5
+    assert f"the last one, pid {dead.pid}, is gone" in str(info.value)
+
+
+def test_waits_the_bounded_time_and_says_so_once(sock_path: str, holder: Any) -> None:
+    said: list[str] = []
+    start = time.monotonic()
+    with pytest.raises(DaemonUnavailable, match="after 1.2 s"):
+        Client(sock_path, wait=1.2, notice=said.append).status()
+    assert 1.2 <= time.monotonic() - start < 3
+    assert said == [f"waiting for the sprite-env daemon at {sock_path} (is starting)..."]
+
+
+def test_waits_for_a_daemon_that_comes_up(sock_path: str, holder: Any) -> None:
     said: list[str] = []
     replies = [Canned.json({"version": "x"})]
     servers: list[CannedServer] = []

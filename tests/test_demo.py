@@ -56,8 +56,8 @@ def test_demo_runs_the_loop_against_a_daemon(tmp_path: os.PathLike[str]) -> None
     for step in [
         "$ sprite-env daemon --root layer --state state --auto-interval 0",
         "$ sprite-env checkpoints create --comment 'sample tree'",
-        "Checkpoint v0 created",
-        "Checkpoint v1 created",
+        "Checkpoint created: v0",
+        "Checkpoint created: v1",
         "$ sprite-env checkpoints diff v0 v1",
         "M src/pkg3/mod7.py",
         "$ sprite-env restore v0 --preview",

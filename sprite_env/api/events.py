@@ -34,8 +34,8 @@ def _event(type_: str, job: int, fields: dict[str, Any]) -> Event:
     return {"type": type_, "time": now_rfc3339(), "job": job, **fields}
 
 
-def info(job: int, text: str) -> Event:
-    return _event("info", job, {"data": text})
+def info(job: int, text: str, **extra: Any) -> Event:
+    return _event("info", job, {"data": text, **extra})
 
 
 def progress(job: int, phase: str, counters: dict[str, Any]) -> Event:

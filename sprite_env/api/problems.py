@@ -12,7 +12,7 @@ from typing import Any
 
 from sprite_env.checkpoints.engine import ActiveCheckpoint
 from sprite_env.checkpoints.registry import InvalidCheckpointId, UnknownCheckpoint
-from sprite_env.errors import SnapshotError, StoreError, StoreLocked, UserError
+from sprite_env.errors import SnapshotError, SpriteError, StoreError, StoreLocked, UserError
 
 #: code -> HTTP status. README and llm.txt copy this table.
 STATUS: dict[str, int] = {
@@ -34,6 +34,7 @@ STATUS: dict[str, int] = {
     "store_error": 500,
     "io_error": 500,
     "internal": 500,
+    "restore_failed": 500,
     "not_implemented": 501,
     "no_space": 507,
     "busy": 503,
@@ -70,6 +71,9 @@ def problem_for(error: BaseException) -> Problem:
         return Problem("active_checkpoint", str(error))
     if isinstance(error, StoreLocked):
         return Problem("busy", str(error))
+    code = getattr(error, "code", None)
+    if isinstance(error, SpriteError) and not isinstance(error, UserError) and code in STATUS:
+        return Problem(code, str(error))  # e.g. a restore that failed part-way
     if isinstance(error, StoreError | SnapshotError):  # e.g. an unsafe name in a stored tree
         return Problem("store_error", str(error))
     if isinstance(error, UserError):

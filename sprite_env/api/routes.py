@@ -15,11 +15,11 @@ from urllib.parse import unquote, unquote_to_bytes
 
 import trio
 
+from sprite_env.actor import clean_actor
 from sprite_env.api.pacing import Pacer
 from sprite_env.api.problems import Problem
 from sprite_env.api.server import Request, Response, StreamResponse
 from sprite_env.checkpoints.registry import validate_id
-from sprite_env.daemon.activity import clean_actor
 from sprite_env.errors import UserError
 from sprite_env.services import validate_name
 

@@ -314,7 +314,7 @@ class Engine:
         if not include_auto:
             out = [c for c in out if not c.is_auto]
         if history is not None:
-            registry.validate_id(history)
+            self.registry.get(history)  # an unknown id is not found, not an empty list
             out = [c for c in out if c.id == history or history in c.history]
         return out
 

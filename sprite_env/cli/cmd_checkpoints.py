@@ -42,7 +42,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     q.add_argument(
         "--reason",
         metavar="TEXT",
-        help="with --auto: why (the daemon skips it when an auto checkpoint is recent)",
+        help="with --auto: why; skipped when an auto checkpoint is under 10 minutes old "
+        "and the layer still equals the checkpoint it is on",
     )
     q.add_argument(
         "--created-by",

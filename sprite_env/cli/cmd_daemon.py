@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING
 
 from sprite_env.cli.options import add_common_options
@@ -17,8 +18,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Run the daemon that owns the checkpoints of one layer. Name the layer: "
         "--overlay LOWER:UPPER:WORK:MERGED (a sprite: checkpoints hold UPPER; reset goes "
         "back to LOWER) or --root DIR (checkpoints hold DIR itself; no reset). There is no "
-        "default: --root / must be asked for.",
+        "default: --root / must be asked for. @FILE reads flags from FILE, one or more a "
+        "line, # for comments (what the systemd unit of `sprite-env install-unit` uses); "
+        "flags after it override it.",
+        fromfile_prefix_chars="@",
     )
+    p.convert_arg_line_to_args = _config_line  # type: ignore[method-assign,assignment]
     p.add_argument("--state", metavar="DIR", help="state directory (default: ROOT/.sprite)")
     p.add_argument("--socket-group", metavar="GROUP", help="let GROUP use the socket (mode 0660)")
     p.add_argument(
@@ -69,3 +74,8 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     from sprite_env.daemon.service import run_from_args
 
     return run_from_args(args)
+
+
+def _config_line(line: str) -> list[str]:
+    """A line of a daemon's @FILE: shell words (``--overlay /a:/b:/c:/d``), ``#`` comments."""
+    return shlex.split(line, comments=True)

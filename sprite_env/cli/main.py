@@ -4,10 +4,10 @@ Exit codes (this is the one place they are defined; README and llm.txt copy this
 
 ====  ==========================================================================
 0     success
-1     unexpected internal error (a bug: printed with a traceback); a restore or reset
-      not confirmed at the prompt
+1     unexpected internal error (a bug: printed with a traceback)
 2     bad usage or input (unknown command, bad option, bad id, bad comment, cannot
-      delete the active checkpoint, restore without --yes and no terminal); the API's
+      delete the active checkpoint, reset without --yes and no terminal, a question
+      answered no); the API's
       400-class codes (``invalid_*``, ``bad_request``, ``not_found``,
       ``active_checkpoint``, ``quota_exceeded``, ...); a store or state directory this
       user may not open (private to its owner, root)
@@ -17,6 +17,9 @@ Exit codes (this is the one place they are defined; README and llm.txt copy this
       (``busy``)
 5     no daemon answers on the API socket (none running, or still starting after
       ``$SPRITE_API_WAIT`` seconds, default 30), or it lost the job being followed
+6     a restore or reset failed part-way: the layer is partly restored, and the message
+      says how to finish or roll it back (``restore_failed``; ``sprite-env checkpoints
+      list`` and ``GET /v1/status`` report it until another restore replaces it)
 22    ``curl --fail`` got an HTTP status of 400 or more (curl's own code)
 130   interrupted (Ctrl-C); a job the daemon runs goes on
 141   stdout closed early (the reader of a pipe left), as a shell reports SIGPIPE
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
 import traceback
@@ -39,15 +43,23 @@ from typing import TYPE_CHECKING
 from sprite_env import __version__
 from sprite_env.cli import (
     cmd_checkpoints,
+    cmd_completion,
     cmd_curl,
     cmd_daemon,
     cmd_mount,
     cmd_reset,
     cmd_services,
     cmd_store,
+    cmd_unit,
 )
 from sprite_env.cli.options import add_common_options
-from sprite_env.errors import SpriteError
+from sprite_env.errors import (
+    DaemonUnavailable,
+    SpriteError,
+    StoreError,
+    StoreLocked,
+    UserError,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -83,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
         "the whole loop against a real daemon, in a temporary directory",
     )
     cmd_daemon.add_parser(sub)
+    cmd_unit.add_parser(sub)
+    cmd_completion.add_parser(sub)
     return parser
 
 
@@ -108,6 +122,22 @@ def _run_deferred(args: argparse.Namespace, name: str, module: str) -> int:
     return int(args.func(args))
 
 
+def error_code(error: SpriteError) -> str:
+    """The stable code of an error, as the API names it (``--json`` prints it)."""
+    code = getattr(error, "code", None)
+    if isinstance(code, str):
+        return code
+    if isinstance(error, DaemonUnavailable):
+        return "no_daemon"
+    if isinstance(error, StoreLocked):
+        return "busy"
+    if isinstance(error, StoreError):
+        return "store_error"
+    if isinstance(error, UserError):
+        return "bad_request"
+    return "error"
+
+
 def exit_code_for(error: BaseException) -> int:
     """Maps an exception to the process exit code (see the module docstring)."""
     if isinstance(error, SpriteError):
@@ -125,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except SpriteError as e:
         print(f"sprite-env: {e}", file=sys.stderr)
+        if getattr(args, "json", False):  # the API's shape, so a script keeps the code
+            print(json.dumps({"code": error_code(e), "message": str(e)}))
         return exit_code_for(e)
     except KeyboardInterrupt as e:
         print("sprite-env: interrupted", file=sys.stderr)

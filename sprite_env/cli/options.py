@@ -93,7 +93,7 @@ def actor(args: argparse.Namespace, named: str | None = None) -> str:
         InvalidActor: the name holds a control character, a line separator or a lone
             surrogate (exit 2, like the daemon's ``invalid_actor``).
     """
+    from sprite_env.actor import clean_actor
     from sprite_env.client import resolve_actor
-    from sprite_env.daemon.activity import clean_actor
 
     return clean_actor(named or resolve_actor(args.actor), "user")

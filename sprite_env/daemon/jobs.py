@@ -88,8 +88,8 @@ class Job:
         self.problem = problem
         self.emit(events.error(self.id, problem.message, problem.code))
 
-    def info(self, text: str) -> None:
-        self.emit(events.info(self.id, text))
+    def info(self, text: str, **extra: Any) -> None:
+        self.emit(events.info(self.id, text, **extra))
 
     def progress_from_thread(self) -> Callable[[str, Any], None]:
         """An engine ``progress`` callback for a worker thread: throttled, non-blocking."""

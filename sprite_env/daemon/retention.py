@@ -46,10 +46,20 @@ class QuotaExceeded(UserError):
 
     code = "quota_exceeded"
 
-    def __init__(self, limit: int, manual: int) -> None:
+    def __init__(
+        self, limit: int, manual: int, oldest: Sequence[str] = (), needed: int = 1, why: str = ""
+    ) -> None:
+        which = (
+            f"delete {needed} (the oldest: {', '.join(oldest)}) with: sprite-env checkpoints "
+            f"delete {oldest[0]}"
+            if oldest
+            else "delete one with: sprite-env checkpoints delete ID"
+        )
+        slots = "one slot" if needed == 1 else f"{needed} slots"
+        need = f"; {why} needs {slots}" if why else ""
         super().__init__(
-            f"quota of {limit} checkpoints reached ({manual} manual); "
-            "delete one with: sprite-env checkpoints delete ID"
+            f"quota of {limit} checkpoints reached ({manual} manual, which are never deleted "
+            f"for you){need}: {which}"
         )
         self.limit = limit
         self.manual = manual
@@ -144,6 +154,7 @@ def make_room(
     *,
     adding: int = 1,
     protect: Collection[str] = (),
+    why: str = "",
 ) -> list[str]:
     """Chooses the automatic checkpoints to delete so that ``adding`` more fit the quota.
 
@@ -152,6 +163,7 @@ def make_room(
         limit: the most checkpoints the store may hold.
         adding: how many are about to be created.
         protect: ids never to choose (the active checkpoint).
+        why: what needs the room, for the message ("the restore's undo checkpoint").
 
     Returns:
         Ids of auto checkpoints to delete, oldest first; empty if there is room already.
@@ -168,6 +180,8 @@ def make_room(
         ((t, cid) for cid, is_auto, t in checkpoints if is_auto and cid not in protected),
     )
     if len(candidates) < excess:
-        manual = sum(1 for _, is_auto, _ in checkpoints if not is_auto)
-        raise QuotaExceeded(limit, manual)
+        manuals = sorted((t, cid) for cid, is_auto, t in checkpoints if not is_auto)
+        needed = excess - len(candidates)
+        oldest = [cid for _, cid in manuals if cid not in protected][:needed]
+        raise QuotaExceeded(limit, len(manuals), oldest, needed, why)
     return [cid for _, cid in candidates[:excess]]

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from sprite_env import __version__, daemonlock, privacy
+from sprite_env import __version__, privacy, statelock
 from sprite_env.api import events
 from sprite_env.api.server import Limits, serve_unix
 from sprite_env.checkpoints import Engine
@@ -147,7 +147,7 @@ class Daemon:
     def say_phase(self, phase: str) -> None:
         if self.lock_fd >= 0:
             try:
-                daemonlock.write(self.lock_fd, phase)
+                statelock.write(self.lock_fd, phase)
             except OSError as e:  # a hint for clients only
                 log.warning("daemon.lock: %s", e)
 
@@ -800,7 +800,7 @@ def _lock_state(state: str) -> int:
         pid = os.pread(fd, 32, 0).decode(errors="replace").split("\n")[0].strip() or "?"
         os.close(fd)
         raise DaemonRunning(f"another sprite-env daemon (pid {pid}) serves {state}") from None
-    daemonlock.write(fd, "starting")
+    statelock.write(fd, "starting")
     return fd
 
 
@@ -1006,6 +1006,11 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
     overlay = Overlay.parse(args.overlay) if args.overlay else None
     if overlay and args.root:
         raise UserError("--overlay names the layer (UPPER) and the root (MERGED): drop --root")
+    given = [f for f, v in (("--socket", args.socket), ("--as", args.actor)) if v]
+    given += ["--json"] if args.json else []
+    if given:  # the daemon's socket is STATE/api.sock, and it answers as itself
+        verb = "means" if len(given) == 1 else "mean"
+        raise UserError(f"{' and '.join(given)} {verb} nothing to the daemon: drop them")
     if not overlay and not args.root:
         # No default: a daemon checkpoints (and restores) all of its root, so ``/`` must be
         # asked for, never fallen into (issue 10).

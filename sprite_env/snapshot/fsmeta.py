@@ -47,10 +47,11 @@ def open_dir(dirfd: int, name: bytes) -> int:
     return os.open(check_name(name), O_DIR, dir_fd=dirfd)
 
 
-def read_xattrs(target: int | bytes) -> Xattrs:
-    """All extended attributes of an fd or a (proc) path, sorted; symlinks not followed."""
+def read_xattrs(target: int | bytes, *, follow: bool = False) -> Xattrs:
+    """All extended attributes of an fd or a (proc) path, sorted; symlinks not followed
+    unless ``follow`` (a ``/proc/self/fd/N`` link to an ``O_PATH`` descriptor's inode)."""
     try:
-        if isinstance(target, int):
+        if isinstance(target, int) or follow:
             names = os.listxattr(target)
             items = [(n, os.getxattr(target, n)) for n in names]
         else:
@@ -102,11 +103,23 @@ def apply_meta(
         os.utime(name, ns=(atime, mtime_ns), dir_fd=dirfd, follow_symlinks=False)
 
 
-def set_xattrs(target: int | bytes, want: Xattrs) -> None:
+def apply_meta_proc(
+    path_fd: int, mode: int, uid: int, gid: int, mtime_ns: int, xattrs: Xattrs
+) -> None:
+    """:func:`apply_meta` for an ``O_PATH`` descriptor (a device node, which is never
+    opened for real): through ``/proc/self/fd/N``, which leads to that very inode."""
+    path = b"/proc/self/fd/%d" % path_fd
+    os.chown(path, uid, gid)
+    set_xattrs(path, xattrs, follow=True)
+    os.chmod(path, mode)
+    os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
+def set_xattrs(target: int | bytes, want: Xattrs, *, follow: bool = False) -> None:
     """Makes the xattrs of ``target`` exactly ``want`` (extra ones are removed)."""
-    have = dict(read_xattrs(target))
+    have = dict(read_xattrs(target, follow=follow))
     wanted = dict(want)
-    follow = isinstance(target, int)
+    follow = follow or isinstance(target, int)
     for k in have:
         if k not in wanted:
             if follow:

@@ -48,6 +48,7 @@ from sprite_env.snapshot.dircache import CachedDir, Sig, sig_of
 from sprite_env.snapshot.fsmeta import (
     O_DIR,
     apply_meta,
+    apply_meta_proc,
     check_name,
     open_dir,
     proc_path,
@@ -225,12 +226,17 @@ class Restorer:
                         os.close(cfd)
                 else:
                     self.stats.dirs_skipped += 1
-                    if change is Change.META:
-                        self._apply_meta_at(fd, name, new)
+                    if change is Change.META:  # through its own descriptor: no symlink
+                        cfd = self._open_dir(fd, name)
+                        try:
+                            self._apply_meta_fd(cfd, new)
+                        finally:
+                            os.close(cfd)
                 if change is Change.META:
                     self.stats.meta += 1
             elif change is Change.META:
-                self._apply_meta_at(fd, name, new)
+                assert old is not None
+                self._fix_meta(fd, name, path, old, new, writes)
                 self.stats.meta += 1
             self._report()
 
@@ -461,6 +467,46 @@ class Restorer:
 
     # -- metadata --------------------------------------------------------------------------
 
+    def _fix_meta(
+        self, fd: int, name: bytes, path: bytes, old: TreeEntry, new: TreeEntry, writes: _Writes
+    ) -> None:
+        """Gives an existing entry ``new``'s metadata, only through a descriptor of the
+        very inode the live capture saw as ``old``.
+
+        By name, a chmod or utime follows whatever is there now: a hard link to a file
+        outside the layer planted meanwhile got the checkpoint's mode and mtime (issue 15,
+        15 of 15 audit rounds). Anything else than the captured inode (another type, link
+        count, size, owner, mode or mtime) is not touched: the entry is written anew from
+        the checkpoint and renamed over it, so an outside file keeps its own.
+        """
+        if new.kind is Kind.SYMLINK:  # no mode; owner and times of the link itself
+            self._apply_meta_at(fd, name, new)
+            return
+        device = new.kind in (Kind.CHR, Kind.BLK)
+        # A device is never opened for real (opening one can act); O_PATH reaches its inode.
+        flags = (os.O_PATH if device else os.O_RDONLY | os.O_NONBLOCK) | os.O_NOFOLLOW
+        try:
+            mfd = os.open(name, flags | os.O_CLOEXEC, dir_fd=fd)
+        except OSError:
+            mfd = -1
+        if mfd >= 0:
+            try:
+                if _is_captured(os.fstat(mfd), old):
+                    if device:
+                        apply_meta_proc(mfd, new.mode, new.uid, new.gid, new.mtime_ns, new.xattrs)
+                    else:
+                        apply_meta(
+                            fd, name, _FILE_TYPE[new.kind], new.mode, new.uid, new.gid,
+                            new.mtime_ns, new.xattrs, fd=mfd,
+                        )  # fmt: skip
+                    return
+            finally:
+                os.close(mfd)
+        if new.kind is Kind.FILE and not new.link:
+            writes.add(functools.partial(self._place, fd, name, path, new), new.size)
+        else:
+            self._place(fd, name, path, new)
+
     def _apply_meta_at(self, fd: int, name: bytes, e: TreeEntry) -> None:
         apply_meta(fd, name, _FILE_TYPE[e.kind], e.mode, e.uid, e.gid, e.mtime_ns, e.xattrs)
 
@@ -499,6 +545,17 @@ class Restorer:
                 os.close(fd)
             fd = nfd
         return fd
+
+
+def _is_captured(st: os.stat_result, e: TreeEntry) -> bool:
+    """Whether ``st`` is the inode a capture recorded as ``e`` (as far as stat can tell)."""
+    return (
+        stat.S_IFMT(st.st_mode) == _FILE_TYPE[e.kind]
+        and stat.S_IMODE(st.st_mode) == e.mode
+        and (st.st_uid, st.st_gid, st.st_nlink, st.st_mtime_ns)
+        == (e.uid, e.gid, e.nlink, e.mtime_ns)
+        and (e.kind is not Kind.FILE or st.st_size == e.size)
+    )
 
 
 def _changed_ranges(old: list[Piece], new: list[Piece]) -> list[tuple[int, Piece]] | None:

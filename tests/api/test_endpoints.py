@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import trees
+from tests.helpers.cli import run_cli
 from tests.helpers.daemon import write_file
 
 pytestmark = pytest.mark.integration
@@ -173,10 +174,23 @@ def test_auto_checkpoint_on_request_unless_a_recent_one(daemon: Any) -> None:
     again = daemon.create(auto=True, reason="before another session")
     assert again["skipped"] is True
     assert again["id"] == first["id"]
+    assert again["data"] == f"Checkpoint skipped: no change since {first['id']}"
+    status, log = daemon.json("GET", "/v1/activity?limit=1")
+    assert log[0]["detail"].startswith(f"skipped: no change since {first['id']}")
     status, cps = daemon.json("GET", "/v1/checkpoints")
-    assert cps == []
+    assert cps == []  # Sprites' list: automatic ones only when asked for
+    # The CLI's list leaves automatic ones out too, but not the one the layer is on.
+    r = run_cli("--socket", daemon.socket, "checkpoints", "list")
+    assert r.returncode == 0, r
+    assert first["id"] in r.stdout
+    assert "*" in r.stdout
+    # A file written since is never left out: recent or not, this one is a new checkpoint.
+    write_file(os.path.join(daemon.root, "b"), b"written after the first")
+    third = daemon.create(auto=True, reason="before a third session")
+    assert third.get("skipped") is not True
+    assert third["id"] not in (first["id"],)
     status, cps = daemon.json("GET", "/v1/checkpoints?includeAuto=true")
-    assert [c["id"] for c in cps] == [first["id"]]
+    assert [c["id"] for c in cps] == [third["id"], first["id"]]
 
 
 def test_quota_refuses_manual_and_prunes_auto(daemon_factory: Any) -> None:
@@ -187,11 +201,17 @@ def test_quota_refuses_manual_and_prunes_auto(daemon_factory: Any) -> None:
     status, err = d.json("POST", "/v1/checkpoint", {"comment": "one too many"})
     assert (status, err["code"]) == (409, "quota_exceeded")
     assert "quota of 3 checkpoints" in err["message"]
+    assert "sprite-env checkpoints delete v0" in err["message"]  # which one to delete
+    status, log = d.json("GET", "/v1/activity?limit=1")  # a refused create is logged too
+    assert (log[0]["action"], log[0]["ok"]) == ("create", False)
+    assert "quota" in log[0]["detail"]
     # A restore needs room for its undo point: with only manual checkpoints, it fails
-    # cleanly (nothing touched) ...
+    # cleanly (nothing touched), saying why and which to delete ...
     status, evs = d.stream("POST", "/v1/checkpoints/v0/restore")
     assert evs[-1]["type"] == "error"
     assert evs[-1]["code"] == "quota_exceeded"
+    assert "the restore's undo checkpoint needs one slot" in evs[-1]["error"]
+    assert "(the oldest: v0)" in evs[-1]["error"]
     with open(os.path.join(d.root, "f"), "rb") as f:
         assert f.read() == b"2"
     # ... and once a manual one is deleted, autos fill and then give way.

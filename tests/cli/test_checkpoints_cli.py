@@ -22,7 +22,7 @@ def test_full_loop(tmp_path: os.PathLike[str]) -> None:
     assert cli("store", "init")[0] == 0  # offline, only store init creates one (issue 10)
     code, out, _ = cli("checkpoints", "create", "--comment", "first")
     assert code == 0
-    assert "Checkpoint v0 created" in out
+    assert out.endswith("Checkpoint created: v0\n")  # Sprites' line, last
     with open(os.path.join(root, "b"), "w") as f:
         f.write("two")
     code, out, _ = cli("checkpoints", "create", "--comment", "second", "--json")
@@ -38,14 +38,12 @@ def test_full_loop(tmp_path: os.PathLike[str]) -> None:
     assert "+ b" in out.splitlines()
     code, out, _ = cli("restore", "v0", "--preview", "--json")
     assert json.loads(out)["remove"] == 1
-    code, _, err = cli("restore", "v0")  # no terminal, no --yes: refused, nothing done
-    assert code == 2
-    assert "--yes" in err
-    assert os.path.exists(os.path.join(root, "b"))
-    code, out, _ = cli("restore", "v0", "--yes")
+    code, out, _ = cli("restore", "v0")  # no terminal: a script, and every restore undoes
     assert code == 0
     assert "undo with: sprite-env restore auto-" in out
     assert not os.path.exists(os.path.join(root, "b"))
+    code, out, _ = cli("restore", "v0", "--yes")  # already there: nothing happens
+    assert (code, out) == (0, "The layer already is v0: nothing to restore\n")
     code, _, err = cli("checkpoints", "delete", "v0")
     assert code == 2
     assert "cannot delete active checkpoint" in err

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sprite_env.daemon.activity import MAX_ACTOR, ActivityLog, _lines_backwards, clean_actor
+from sprite_env.actor import MAX_ACTOR, clean_actor
+from sprite_env.daemon.activity import ActivityLog, _lines_backwards
 from sprite_env.errors import UserError
 
 if TYPE_CHECKING:

@@ -179,14 +179,21 @@ def test_make_room_never_chooses_manual_or_protected() -> None:
     with pytest.raises(QuotaExceeded) as info:
         make_room(cps, 3, protect=["auto-a"])
     assert str(info.value) == (
-        "quota of 3 checkpoints reached (2 manual); "
-        "delete one with: sprite-env checkpoints delete ID"
+        "quota of 3 checkpoints reached (2 manual, which are never deleted for you): "
+        "delete 1 (the oldest: v0) with: sprite-env checkpoints delete v0"
     )
     assert isinstance(info.value, UserError)
     assert (info.value.limit, info.value.manual) == (3, 2)
     assert info.value.code == "quota_exceeded"
     with pytest.raises(QuotaExceeded, match="quota of 2 checkpoints"):
         make_room(cps, 2)
+    with pytest.raises(QuotaExceeded) as again:
+        make_room(cps, 2, protect=["auto-a", "v0"], why="the restore's undo checkpoint")
+    assert str(again.value) == (
+        "quota of 2 checkpoints reached (2 manual, which are never deleted for you); the "
+        "restore's undo checkpoint needs 2 slots: delete 2 (the oldest: v1) with: "
+        "sprite-env checkpoints delete v1"
+    )
 
 
 # --- properties ---------------------------------------------------------------------------

@@ -91,8 +91,12 @@ def test_whiteouts_and_opaque_dirs_round_trip(overlay_daemon: Any) -> None:
     write_file(os.path.join(merged, "app", "other.py"), b"x")
     evs = _restore(d, "v0")
     infos = [e["data"] for e in evs if e["type"] == "info"]
-    assert infos[:3] == [
+    undo = [e for e in evs if e.get("ends_sessions")]  # said before anything stops
+    assert len(undo) == 1
+    assert undo[0]["undo"] == evs[-1]["undo"]
+    assert infos[:4] == [
         "Restoring from checkpoint v0...",
+        f"Undo checkpoint: {undo[0]['undo']}; the sessions using {merged} end now",
         "Stopping services...",
         "Restoring filesystem...",
     ]
@@ -118,6 +122,7 @@ def test_restore_ends_sessions_and_restarts_services(overlay_daemon: Any, tmp_pa
     first = _wait_running(d, "web")
     assert os.readlink(f"/proc/{first['pid']}/cwd") == os.path.join(o.merged, "srv")
     d.create("with web")
+    write_file(os.path.join(o.merged, "srv", "since"), b"x")  # something to restore
 
     # A session: a shell whose working directory is in MERGED, started by hand.
     hand = subprocess.Popen(["sleep", "1000"], cwd=os.path.join(o.merged, "srv"))
