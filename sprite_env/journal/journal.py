@@ -209,8 +209,17 @@ class Journal:
         """Reads what the kernel has queued (never blocks); returns the bytes read. Call it
         often enough that the kernel's queue (16384 events) does not overflow."""
         with self._lock:
-            n = fan.read_events(self._fd, self.fsid, self._batch)
-            return n
+            return self._read()
+
+    def _read(self) -> int:
+        """Drains the queue into the current batch (the lock held). A record this code
+        cannot decode loses the rest of its read, so it makes the next walk full instead
+        of failing the daemon's reader."""
+        try:
+            return fan.read_events(self._fd, self.fsid, self._batch)
+        except ValueError as e:
+            self._full_reason = self._full_reason or f"an fanotify record was not understood ({e})"
+            return 0
 
     def force_full(self, reason: str) -> None:
         """Makes the next capture walk everything (the daemon's own writes it cannot
@@ -225,7 +234,7 @@ class Journal:
         with self._lock:
             if self._in_capture:
                 raise RuntimeError("Journal.begin while another capture is running")
-            fan.read_events(self._fd, self.fsid, self._batch)
+            self._read()
             batch, self._batch = self._batch, fan.new_batch()
             self._epoch += 1
             self._in_capture = True
