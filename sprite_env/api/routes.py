@@ -252,7 +252,9 @@ class Router:
         dest = body.get("dest")
         if not dest:
             raise Problem("bad_request", "field 'dest' (an absolute directory) is required")
-        job = await self.daemon.export(_id(p["id"]), dest, _paths(body), self._actor(req, body))
+        job = await self.daemon.export(
+            _id(p["id"]), dest, _paths(body), self._actor(req, body), uid=req.peer_uid
+        )
         return StreamResponse(202, job.stream())
 
     async def diff(self, req: Request, p: dict[str, str]) -> Answer:

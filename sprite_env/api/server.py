@@ -69,6 +69,8 @@ class Request:
     query: dict[str, str]
     headers: dict[str, str]  # lower-case names; a repeated header keeps its last value
     body: bytes
+    #: The client process's user (SO_PEERCRED); None where unknown (memory streams).
+    peer_uid: int | None = None
 
 
 @dataclass
@@ -244,6 +246,7 @@ class _Connection:
             query=dict(parse_qsl(target.query, keep_blank_values=True)),
             headers=headers,
             body=bytes(body),
+            peer_uid=self.slot.peer.uid if self.slot.peer is not None else None,
         )
 
     def _headers(

@@ -429,11 +429,14 @@ class Daemon:
             children = await trio.to_thread.run_sync(self.engine.entries, entry, read)
         return entry_json(cid, path, entry, children)
 
-    async def export(self, cid: str, dest: str, paths: list[str], actor: str) -> Job:
+    async def export(
+        self, cid: str, dest: str, paths: list[str], actor: str, *, uid: int | None = None
+    ) -> Job:
         """``POST /v1/checkpoints/{id}/export``: a job writing checkpoint ``cid`` (or only
         ``paths``) into ``dest``, an absolute directory that is missing or empty, on this
         machine as the daemon sees it. Refused before the job: an unknown id or path, a
-        relative, non-empty or private DEST (see :meth:`_check_dest`)."""
+        relative, non-empty or private DEST, or one the caller (user ``uid``, from the
+        socket's peer credentials) could not write itself (see :meth:`_check_dest`)."""
         base = self._base_image()
         if paths:  # an unknown id or path: 4xx before the job
             await trio.to_thread.run_sync(
@@ -441,11 +444,11 @@ class Daemon:
             )
         else:
             await trio.to_thread.run_sync(self.engine.info, cid)
-        self._check_dest(dest)
+        self._check_dest(dest, uid)
 
         async def body(job: Job) -> Event:
             job.info(f"Exporting {cid} to {dest}...")
-            self._check_dest(dest)  # again: it may have been filled while the job waited
+            self._check_dest(dest, uid)  # again: it may have been filled while the job waited
             with contextlib.suppress(FileExistsError):
                 os.mkdir(dest, 0o700)
             stats = await trio.to_thread.run_sync(
@@ -470,12 +473,16 @@ class Daemon:
 
         return self.jobs.submit("export", cid, actor, self._recorded("export", cid, actor, body))
 
-    def _check_dest(self, dest: str) -> None:
+    def _check_dest(self, dest: str, uid: int | None = None) -> None:
         """An export's DEST: absolute, a missing name in an existing directory or an empty
         directory (not a symlink), and not where the daemon keeps its own data or below an
         overlay's internals. Writing into the layer's live view (the root, MERGED) is what a
         user does in a sprite, where every path is in MERGED: allowed, it is then in the
         next checkpoint like any file written there.
+
+        The daemon writes as root: a caller of another user (``uid``, given the socket
+        through ``--socket-group``) may only export into a directory it owns (DEST, or its
+        parent when DEST is missing), so the API never lets it write where it could not.
 
         Raises:
             UserError: one of these does not hold (nothing was written).
@@ -499,7 +506,19 @@ class Daemon:
                 raise UserError(
                     f"cannot export into {dest}: {os.path.dirname(dest)} is not a directory"
                 ) from None
+            owner = os.stat(os.path.dirname(where)).st_uid
+            if uid not in (None, 0, owner):
+                raise UserError(
+                    f"cannot export into {dest}: user {uid} does not own "
+                    f"{os.path.dirname(where)} (the daemon writes as root; other users "
+                    "export into their own directories)"
+                ) from None
             return
+        if uid not in (None, 0, st.st_uid):
+            raise UserError(
+                f"cannot export into {dest}: user {uid} does not own it (the daemon writes "
+                "as root; other users export into their own directories)"
+            )
         if not stat.S_ISDIR(st.st_mode):
             raise UserError(f"cannot export into {dest}: it exists and is not a directory")
         if os.listdir(where):

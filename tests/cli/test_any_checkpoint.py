@@ -6,11 +6,15 @@ commands that never create a store."""
 
 from __future__ import annotations
 
+import grp
 import json
 import os
+import pwd
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -18,8 +22,11 @@ import pytest
 from tests.helpers.cli import REPO, run_cli
 from tests.helpers.daemon import write_file
 from tests.helpers.trees import assert_trees_equal, snapshot_tree
+from tests.helpers.users import as_nobody, need_nobody
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from tests.helpers.daemon import DaemonProcess
 
 pytestmark = pytest.mark.integration
@@ -399,3 +406,41 @@ def test_a_damaged_piece_is_an_error_never_a_shorter_file(daemon_factory: Any) -
     assert b"checkpoint v0 is damaged at /small.bin" in r.stderr
     assert b"store check --read-data" in r.stderr
     assert r.stdout == b""
+
+
+@pytest.fixture
+def reachable() -> Iterator[str]:
+    """A 0755 directory under /tmp, which ``nobody`` may enter (``tmp_path`` is under a
+    0700 one); removed after the daemons in it stopped (request it before them)."""
+    top = tempfile.mkdtemp(prefix="sprite-export-", dir="/tmp")
+    os.chmod(top, 0o755)
+    yield top
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def test_another_user_exports_only_into_its_own_directories(
+    reachable: str, daemon_factory: Any
+) -> None:
+    need_nobody()
+    gid = grp.getgrnam("daemon").gr_gid
+    top = reachable
+    root, state = os.path.join(top, "root"), os.path.join(top, "state")
+    os.mkdir(root)
+    d = daemon_factory("--socket-group", "daemon", root=root, state=state)
+    _layer(d.root)
+    _manual(d, "v0")
+    mine = os.path.join(top, "mine")
+    os.mkdir(mine)
+    os.chown(mine, pwd.getpwnam("nobody").pw_uid, -1)
+    cli = [sys.executable, "-m", "sprite_env", "--socket", d.socket]
+    # root's directory: the daemon (root) would write there for nobody: refused.
+    p = as_nobody([*cli, "checkpoints", "export", "v0", os.path.join(top, "x")], groups=[gid])
+    assert p.returncode == 2, p.stderr
+    assert "does not own" in p.stderr
+    assert not os.path.exists(os.path.join(top, "x"))
+    # its own: fine.
+    dest = os.path.join(mine, "copy")
+    p = as_nobody([*cli, "checkpoints", "export", "v0", dest, "--path", "/notes.txt"], groups=[gid])
+    assert p.returncode == 0, p.stderr
+    with open(os.path.join(dest, "notes.txt"), "rb") as f:
+        assert f.read() == b"notes v0\n"
