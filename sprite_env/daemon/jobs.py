@@ -201,7 +201,9 @@ class JobRunner:
             problem = problem_for(e)
             if problem.code == "internal":
                 log.exception("job %d (%s) failed", job.id, job.describe())
-            else:
+            elif problem.status < 500:  # refused as asked (a bad id, the active one): news
+                log.info("job %d (%s) refused: %s", job.id, job.describe(), problem.message)
+            else:  # a fault of the machine or the store: worth an operator's eye
                 log.warning("job %d (%s) failed: %s", job.id, job.describe(), problem.message)
             job.fail(problem)
         finally:

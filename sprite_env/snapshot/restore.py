@@ -340,7 +340,8 @@ class Restorer:
         """Creates the entry under a temporary name, then renames it over ``name``."""
         tmp = self._tmp_name()
         try:
-            if e.link and self._link_from(fd, tmp, e.link, e.kind):
+            linked = bool(e.link) and self._link_from(fd, tmp, e.link, e.kind)
+            if linked:
                 pass  # one more name for the group's inode, metadata and all
             elif e.kind is Kind.FILE:
                 self._write_file(fd, tmp, e)
@@ -354,6 +355,11 @@ class Restorer:
                 os.mknod(tmp, _FILE_TYPE[e.kind] | e.mode, e.rdev, dir_fd=fd)
                 self._apply_meta_at(fd, tmp, e)
             self._rename_over(fd, tmp, name, path)
+            if linked:
+                # rename() between two names of one inode does nothing and leaves both
+                # (POSIX): ``name`` already was this link, so the temporary one goes.
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=fd)
             crashpoint("restore-entry-written")
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
