@@ -384,9 +384,11 @@ class Client:
         returns as :meth:`restore` does."""
         return self._stream("POST", "/v1/reset", {}, on_event, detach=detach)
 
-    def delete(self, id: str) -> JsonObject:
-        """Deletes a checkpoint and frees its space (``active_checkpoint``, ``not_found``)."""
-        return self._object("DELETE", _path("/v1/checkpoints", id))
+    def delete(self, id: str, *, dry_run: bool = False) -> JsonObject:
+        """Deletes a checkpoint and frees its space (``active_checkpoint``, ``not_found``);
+        with ``dry_run``, only says what it would free."""
+        query = {"dry_run": "true"} if dry_run else None
+        return self._object("DELETE", _path("/v1/checkpoints", id, query=query))
 
     def follow(self, n: int, on_event: OnEvent | None = None) -> Event:
         """Follows job ``n`` from its first event to its end; returns its ``complete`` event

@@ -225,7 +225,13 @@ class Router:
         return StreamResponse(202, job.stream())
 
     async def delete(self, req: Request, p: dict[str, str]) -> Answer:
-        return json_response(await self.daemon.delete(_id(p["id"]), self._actor(req)))
+        _check_query(req, {"dry_run"})
+        dry = req.query.get("dry_run", "false")
+        if dry not in ("true", "false", "1", "0"):
+            raise Problem("bad_request", f"dry_run must be true or false, not {dry!r}")
+        return json_response(
+            await self.daemon.delete(_id(p["id"]), self._actor(req), dry_run=dry in ("true", "1"))
+        )
 
     async def preview(self, req: Request, p: dict[str, str]) -> Answer:
         paths = _paths(_body(req, {"paths": list})) if req.method == "POST" else []

@@ -25,14 +25,14 @@ import sqlite3
 import stat
 import time
 import unicodedata
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import blake3
 
-from sprite_env.checkpoints import registry
+from sprite_env.checkpoints import registry, usage
 from sprite_env.checkpoints.gc import reach
 from sprite_env.checkpoints.hashonly import HashOnlySink
 from sprite_env.checkpoints.registry import Checkpoint, Registry
@@ -160,6 +160,7 @@ class DeleteReport:
     #: Why space was not (fully) freed: the damage the collection met (issue 15). The
     #: checkpoints are deleted all the same.
     problems: list[str] = field(default_factory=list)
+    dry_run: bool = False  # only planned (``delete --dry-run``): nothing was deleted
 
     @property
     def id(self) -> str | None:
@@ -320,6 +321,26 @@ class Engine:
 
     def info(self, cid: str) -> Checkpoint:
         return self.registry.get(cid)
+
+    def listing(
+        self, *, include_auto: bool = False, history: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The JSON rows of :meth:`checkpoints` (what list answers, online and offline),
+        each with ``unique_bytes``: what deleting that checkpoint alone would free."""
+        active = self.registry.active()
+        unique = self.unique_bytes()
+        return [
+            {**c.to_json(active=active), "unique_bytes": unique.get(c.id)}
+            for c in self.checkpoints(include_auto=include_auto, history=history)
+        ]
+
+    def info_json(self, cid: str) -> dict[str, Any]:
+        """One checkpoint's JSON (info), with ``unique_bytes`` as in :meth:`listing`."""
+        c = self.registry.get(cid)
+        return {
+            **c.to_json(active=self.registry.active()),
+            "unique_bytes": self.unique_bytes()[cid],
+        }
 
     def active(self) -> str | None:
         return self.registry.active()
@@ -1033,6 +1054,39 @@ class Engine:
     def delete(self, cid: str) -> DeleteReport:
         """Deletes a checkpoint and frees the space only it used."""
         return self.delete_many([cid])
+
+    def unique_bytes(self) -> dict[str, int]:
+        """Each checkpoint's stored bytes that no other checkpoint holds: what deleting it
+        alone would free (see ``checkpoints/usage.py``)."""
+
+        def stored(oids: Iterable[ObjectId]) -> dict[ObjectId, int]:
+            return {o: loc.entry.stored_len for o, loc in self.store.locate_many(oids).items()}
+
+        return usage.unique_bytes(self.store.read, stored, self.registry.all())
+
+    def plan_delete(self, cids: list[str]) -> DeleteReport:
+        """What :meth:`delete_many` would free, computed by the same prune plan but not
+        carried out (``delete --dry-run``): nothing changes."""
+        active = self.registry.active()
+        for cid in cids:
+            self.registry.get(cid)
+            if cid == active:
+                raise ActiveCheckpoint(cid)
+        remaining = [c for c in self.registry.all() if c.id not in cids]
+        found = reach(self.store.read, [(c.id, c.top_tree) for c in remaining])
+        if not found.complete:
+            return DeleteReport(list(cids), 0, 0, 0, 0, found.problems(), dry_run=True)
+        live = found.live | {c.record for c in remaining if c.record is not None}
+        plan = plan_prune(self.store, live)
+        return DeleteReport(
+            list(cids),
+            plan.bytes_freed_estimate,  # exact but for the rewritten packs' new headers
+            plan.objects_dead,
+            plan.packs_deleted + plan.packs_rewritten,
+            plan.packs_written_estimate,
+            [],
+            dry_run=True,
+        )
 
     def delete_many(self, cids: list[str], progress: Progress | None = None) -> DeleteReport:
         """Deletes checkpoints in one transaction and one collection (a retention sweep)."""

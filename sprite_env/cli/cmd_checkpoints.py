@@ -65,7 +65,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     q.set_defaults(func=either("info"))
 
     q = csub.add_parser("delete", aliases=["rm"], help="delete a checkpoint, freeing its space")
-    q.add_argument("id")
+    q.add_argument("id", help="the checkpoint to delete (not the active one)")
+    q.add_argument(
+        "--dry-run", action="store_true", help="say what the delete would free; delete nothing"
+    )
     add_common_options(q)
     q.set_defaults(func=either("delete"))
 

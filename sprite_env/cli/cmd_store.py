@@ -4,6 +4,7 @@ open the store directory themselves; the store modules load only when a command 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -116,20 +117,27 @@ def _size(n: float) -> str:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    from sprite_env.errors import StoreLocked
     from sprite_env.store import open_store, stats
 
-    with open_store(store_dir(args), writable=False) as s:
-        st = stats(s)
+    try:
+        with open_store(store_dir(args), writable=False) as s:
+            d = stats(s).to_json()
+    except StoreLocked:
+        # A daemon holds the store: it answers with the same figures (GET /v1/status).
+        from sprite_env.client import Client
+
+        sock = args.socket or os.path.join(os.path.dirname(store_dir(args)), "api.sock")
+        d = Client(sock, wait=0).status()["store_usage"]
     if args.json:
-        d = dict(st.__dict__)
-        d["compression_ratio"] = st.compression_ratio
-        d["dedup_ratio"] = st.dedup_ratio
         print(json.dumps(d))
         return 0
-    kinds = ", ".join(f"{n} {k}" for k, n in sorted(st.objects_by_kind.items()))
-    print(f"objects:      {st.objects} ({kinds or 'none'})")
-    print(f"packs:        {st.packs} ({_size(st.pack_bytes)} on disk)")
-    print(f"raw bytes:    {_size(st.raw_bytes)} unique, {_size(st.ingested_bytes)} ingested")
-    print(f"stored bytes: {_size(st.stored_bytes)}")
-    print(f"dedup:        {st.dedup_ratio:.2f}x   compression: {st.compression_ratio:.2f}x")
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(d["objects_by_kind"].items()))
+    print(f"objects:      {d['objects']} ({kinds or 'none'})")
+    print(f"packs:        {d['packs']} ({_size(d['pack_bytes'])} on disk)")
+    print(f"raw bytes:    {_size(d['raw_bytes'])} unique, {_size(d['ingested_bytes'])} ingested")
+    print(f"stored bytes: {_size(d['stored_bytes'])}")
+    print(f"dedup:        {d['dedup_ratio']:.2f}x   compression: {d['compression_ratio']:.2f}x")
+    free, total = _size(d["fs_free_bytes"]), _size(d["fs_total_bytes"])
+    print(f"file system:  {free} free of {total}")
     return 0

@@ -108,10 +108,7 @@ def create(args: argparse.Namespace) -> int:
 
 def list_(args: argparse.Namespace) -> int:
     with _engine(args) as e:
-        rows = [
-            c.to_json(active=e.active())
-            for c in e.checkpoints(include_auto=True, history=args.history)
-        ]
+        rows = e.listing(include_auto=True, history=args.history)
         interrupted = e.interrupted_restore()
     render.show_checkpoints(render.listed(rows, args.include_auto), as_json=args.json)
     render.warn_interrupted(interrupted)
@@ -120,14 +117,14 @@ def list_(args: argparse.Namespace) -> int:
 
 def info(args: argparse.Namespace) -> int:
     with _engine(args) as e:
-        c = e.info(args.id).to_json(active=e.active())
+        c = e.info_json(args.id)
     render.show_checkpoint(c, as_json=args.json)
     return 0
 
 
 def delete(args: argparse.Namespace) -> int:
     with _engine(args) as e:
-        rep = e.delete(args.id).to_json()
+        rep = (e.plan_delete([args.id]) if args.dry_run else e.delete(args.id)).to_json()
     render.show_deleted(rep, as_json=args.json)
     return 0
 

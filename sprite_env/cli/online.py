@@ -90,7 +90,7 @@ def info(args: argparse.Namespace) -> int:
 
 
 def delete(args: argparse.Namespace) -> int:
-    render.show_deleted(client(args).delete(args.id), as_json=args.json)
+    render.show_deleted(client(args).delete(args.id, dry_run=args.dry_run), as_json=args.json)
     return 0
 
 

@@ -122,6 +122,8 @@ def checkpoint_info(c: dict[str, Any]) -> Iterator[str]:
     yield f"History:  {' <- '.join(history) if history else '(none)'}"
     yield f"Files:    {c['files']} files in {c['dirs']} directories, {size(c['bytes'])}"
     yield f"Stored:   {size(c['bytes_added'])} new in this checkpoint"
+    if c.get("unique_bytes") is not None:
+        yield f"Unique:   {size(c['unique_bytes'])} held by no other checkpoint (a delete frees it)"
     for w in c.get("warnings") or []:
         yield f"Warning:  {w['path']}: {w['message']}"
 
@@ -277,6 +279,8 @@ def restored_line(cid: str | None, stats: dict[str, Any], undo: str | None) -> s
 
 
 def delete_line(rep: dict[str, Any]) -> str:
+    if rep.get("dry_run"):
+        return f"Deleting {rep['id']} would free {size(rep['bytes_freed'])} (nothing deleted)"
     line = f"Deleted {rep['id']}: {size(rep['bytes_freed'])} freed"
     problems = rep.get("problems") or []
     if problems:  # the delete happened; the store's damage kept space from being freed

@@ -49,6 +49,7 @@ from sprite_env.snapshot import plan
 from sprite_env.snapshot.diff import totals
 from sprite_env.snapshot.paths import entry_json, show
 from sprite_env.snapshot.tree import Kind
+from sprite_env.store.check import stats as store_stats
 
 if TYPE_CHECKING:
     import argparse
@@ -172,6 +173,10 @@ class Daemon:
             "interrupted_restore": await trio.to_thread.run_sync(self.engine.interrupted_restore),
             "auto_interval_s": self.config.auto_interval_s,
             "max_checkpoints": self.config.max_checkpoints,
+            # What the store holds and the room left on its file system (store stats).
+            "store_usage": await trio.to_thread.run_sync(
+                lambda: store_stats(self.engine.store).to_json()
+            ),
         }
 
     async def checkpoints_json(self, include_auto: bool, history: str | None) -> bytes:
@@ -180,9 +185,7 @@ class Daemon:
         not a catalog query and a JSON encoding on a process the running job needs."""
 
         def read() -> bytes:
-            active = self.engine.active()
-            cps = self.engine.checkpoints(include_auto=include_auto, history=history)
-            return _encode([c.to_json(active=active) for c in cps])
+            return _encode(self.engine.listing(include_auto=include_auto, history=history))
 
         return await self._cached(("list", include_auto, history), read)
 
@@ -190,7 +193,7 @@ class Daemon:
         """``GET /v1/checkpoints/{id}``, encoded (cached like the list)."""
 
         def read() -> bytes:
-            return _encode(self.engine.info(cid).to_json(active=self.engine.active()))
+            return _encode(self.engine.info_json(cid))
 
         return await self._cached(("info", cid), read)
 
@@ -387,8 +390,11 @@ class Daemon:
 
         return self.jobs.submit("reset", None, actor, self._recorded("reset", None, actor, body))
 
-    async def delete(self, cid: str, actor: str) -> dict[str, Any]:
+    async def delete(self, cid: str, actor: str, *, dry_run: bool = False) -> dict[str, Any]:
         await trio.to_thread.run_sync(self.engine.info, cid)
+        if dry_run:  # a plan over the catalog, changing nothing: no need to queue
+            rep = await trio.to_thread.run_sync(self.engine.plan_delete, [cid])
+            return rep.to_json()
 
         async def body(job: Job) -> Event:
             rep = await trio.to_thread.run_sync(self.engine.delete, cid)

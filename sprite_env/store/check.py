@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import blake3
 
@@ -226,6 +226,16 @@ class Stats:
     raw_bytes: int
     stored_bytes: int
     ingested_bytes: int
+    #: The file system holding the store: its size and what is free (``statvfs``).
+    fs_total_bytes: int = 0
+    fs_free_bytes: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.__dict__,
+            "compression_ratio": self.compression_ratio,
+            "dedup_ratio": self.dedup_ratio,
+        }
 
     @property
     def compression_ratio(self) -> float:
@@ -247,6 +257,7 @@ def stats(store: Store) -> Stats:
         "SELECT count(*), coalesce(sum(raw_len), 0), coalesce(sum(stored_len), 0) FROM objects"
     )[0]
     packs, pack_bytes = q("SELECT count(*), coalesce(sum(size), 0) FROM packs")[0]
+    fs = os.statvfs(store.path)
     return Stats(
         objects=int(objects),
         objects_by_kind=by_kind,
@@ -255,4 +266,6 @@ def stats(store: Store) -> Stats:
         raw_bytes=int(raw),
         stored_bytes=int(stored),
         ingested_bytes=int(store.catalog.meta("ingested_bytes", "0") or 0),
+        fs_total_bytes=fs.f_blocks * fs.f_frsize,
+        fs_free_bytes=fs.f_bavail * fs.f_frsize,
     )
