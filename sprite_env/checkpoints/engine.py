@@ -277,6 +277,7 @@ class Engine:
             #: (it stays recorded, see :meth:`interrupted_restore`), or None.
             self.resume_error: RestoreFailed | None = None
             self._verified: set[ObjectId] = set()
+            self._decoded: usage.Children = {}  # trees decoded for unique_bytes, kept
             if resume:
                 try:
                     self.resume_pending(progress)
@@ -1062,7 +1063,7 @@ class Engine:
         def stored(oids: Iterable[ObjectId]) -> dict[ObjectId, int]:
             return {o: loc.entry.stored_len for o, loc in self.store.locate_many(oids).items()}
 
-        return usage.unique_bytes(self.store.read, stored, self.registry.all())
+        return usage.unique_bytes(self.store.read, stored, self.registry.all(), self._decoded)
 
     def plan_delete(self, cids: list[str]) -> DeleteReport:
         """What :meth:`delete_many` would free, computed by the same prune plan but not

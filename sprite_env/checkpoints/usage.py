@@ -32,12 +32,24 @@ _SHARED = ""
 _TREE, _CHUNKS, _DATA = 0, 1, 2
 
 
+#: Decoded trees and chunk lists, by id: objects never change, so a caller may keep this
+#: between calls and decode only the trees of new checkpoints (27k files in 3k dirs:
+#: 0.22 s the first time, most of it decoding).
+Children = dict[ObjectId, list[tuple[ObjectId, int]]]
+#: Entries past which a kept :data:`Children` is dropped (about 100 B each).
+MAX_KEPT = 2_000_000
+
+
 def unique_bytes(
-    read: ReadObject, stored: StoredSizes, checkpoints: list[Checkpoint]
+    read: ReadObject,
+    stored: StoredSizes,
+    checkpoints: list[Checkpoint],
+    children: Children | None = None,
 ) -> dict[str, int]:
     """Each checkpoint's bytes that no other checkpoint holds; see the module docstring."""
     owner: dict[ObjectId, str] = {}
-    children: dict[ObjectId, list[tuple[ObjectId, int]]] = {}  # decoded once
+    if children is None or len(children) > MAX_KEPT:
+        children = {}
 
     def below(oid: ObjectId, kind: int) -> list[tuple[ObjectId, int]]:
         if kind == _DATA:
@@ -68,7 +80,9 @@ def unique_bytes(
                 todo.extend(below(oid, kind))
             elif held not in (c.id, _SHARED):
                 share(oid, kind)
-    sizes = stored(list(owner))
+    # Only owned objects need a size: in a chain of incremental checkpoints nearly
+    # everything is shared, so this asks the catalog about the changes only.
+    sizes = stored([oid for oid, cid in owner.items() if cid != _SHARED])
     out = {c.id: 0 for c in checkpoints}
     for oid, cid in owner.items():
         if cid != _SHARED:
