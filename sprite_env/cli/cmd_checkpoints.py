@@ -60,7 +60,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     q.set_defaults(func=either("list_"))
 
     q = csub.add_parser("info", aliases=["get"], help="one checkpoint's record")
-    q.add_argument("id")
+    q.add_argument("id", help="a checkpoint id (v3, auto-...)")
     add_common_options(q)
     q.set_defaults(func=either("info"))
 
@@ -75,8 +75,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add_restore_parser(csub)
 
     q = csub.add_parser("diff", help="changes from checkpoint A to B (default: the live tree)")
-    q.add_argument("a")
-    q.add_argument("b", nargs="?")
+    q.add_argument("a", help="the checkpoint to compare from")
+    q.add_argument("b", nargs="?", help="the checkpoint to compare to (default: the live layer)")
     add_common_options(q)
     q.set_defaults(func=either("diff"))
 
@@ -108,7 +108,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def add_restore_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     q = sub.add_parser("restore", help="make the layer equal to a checkpoint (undoable)")
-    q.add_argument("id")
+    q.add_argument("id", help="the checkpoint to restore (v3, auto-...)")
     q.add_argument("--preview", action="store_true", help="show what would change; do nothing")
     q.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     q.add_argument(

@@ -27,11 +27,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         ("stop", cmd_stop, "stop a service (its whole process group)"),
     ):
         q = ssub.add_parser(name, help=text)
-        q.add_argument("name")
+        q.add_argument("name", help="the service (etc/sprite/services/NAME.toml)")
         add_common_options(q, offline=False)
         q.set_defaults(func=fn)
     q = ssub.add_parser("logs", help="the last lines a service wrote")
-    q.add_argument("name")
+    q.add_argument("name", help="the service (etc/sprite/services/NAME.toml)")
     q.add_argument("-n", "--lines", type=int, default=100, help="how many (default 100)")
     add_common_options(q, offline=False)
     q.set_defaults(func=cmd_logs)

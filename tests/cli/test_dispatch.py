@@ -50,3 +50,23 @@ def test_the_online_way_loads_no_engine() -> None:
         timeout=60,
     )
     assert r.stdout.strip() == "5 []", r.stdout + r.stderr
+
+
+def test_every_argument_has_help_text() -> None:
+    """Issue 10: every positional and option says what it is (and its default)."""
+    import argparse
+
+    from sprite_env.cli.main import build_parser
+
+    missing: list[str] = []
+
+    def walk(parser: argparse.ArgumentParser, path: list[str]) -> None:
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    walk(sub, [*path, name])
+            elif a.help is None and a.dest != "deferred_args":  # demo's real parser has it
+                missing.append(f"{' '.join(path)} {a.option_strings or a.dest}")
+
+    walk(build_parser(), ["sprite-env"])
+    assert missing == []
