@@ -339,20 +339,7 @@ class Daemon:
                     undo=None,
                     noop=True,
                 )
-            await trio.to_thread.run_sync(
-                self._room_for, 1, False, actor, "the restore's undo checkpoint"
-            )
-            undo_id = None
-            if self.env.overlay is not None:
-                # The restore ends every session using MERGED, the caller's own included:
-                # tell it the undo id now, while it can still hear (issue 10).
-                undo_id = await trio.to_thread.run_sync(self.engine.reserve_auto_id)
-                job.info(
-                    f"Undo checkpoint: {undo_id}; the sessions using "
-                    f"{self.env.overlay.merged} end now",
-                    undo=undo_id,
-                    ends_sessions=True,
-                )
+            undo_id = await self._undo_slot(job, actor)
             async with self.env.down(job):
                 rep = await trio.to_thread.run_sync(
                     lambda: self.engine.restore(
@@ -556,18 +543,7 @@ class Daemon:
                     noop=True,
                     paths=paths,
                 )
-            await trio.to_thread.run_sync(
-                self._room_for, 1, False, actor, "the restore's undo checkpoint"
-            )
-            undo_id = None
-            if self.env.overlay is not None:
-                undo_id = await trio.to_thread.run_sync(self.engine.reserve_auto_id)
-                job.info(
-                    f"Undo checkpoint: {undo_id}; the sessions using "
-                    f"{self.env.overlay.merged} end now",
-                    undo=undo_id,
-                    ends_sessions=True,
-                )
+            undo_id = await self._undo_slot(job, actor)
             async with self.env.down(job):
                 rep = await trio.to_thread.run_sync(
                     lambda: self.engine.restore_paths(
@@ -606,6 +582,24 @@ class Daemon:
 
         job = self.jobs.submit("preview", cid, actor, body)
         return _wait_result(await _finished(job), "preview")
+
+    async def _undo_slot(self, job: Job, actor: str) -> str | None:
+        """Makes room for a restore's undo checkpoint and, under an overlay, reserves its
+        id and says it: the restore ends every session using MERGED, the caller's own
+        included, which must hear the undo id while it still can (issue 10). Returns the
+        reserved id (None: the engine picks it)."""
+        await trio.to_thread.run_sync(
+            self._room_for, 1, False, actor, "the restore's undo checkpoint"
+        )
+        if self.env.overlay is None:
+            return None
+        undo_id = await trio.to_thread.run_sync(self.engine.reserve_auto_id)
+        job.info(
+            f"Undo checkpoint: {undo_id}; the sessions using {self.env.overlay.merged} end now",
+            undo=undo_id,
+            ends_sessions=True,
+        )
+        return undo_id
 
     async def _prewarm(self, job: Job) -> None:
         """Stores what changed while the environment still runs: the undo checkpoint,
