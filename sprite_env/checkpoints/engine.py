@@ -1056,7 +1056,7 @@ class Engine:
         """Deletes a checkpoint and frees the space only it used."""
         return self.delete_many([cid])
 
-    def unique_bytes(self) -> dict[str, int]:
+    def unique_bytes(self) -> dict[str, int | None]:
         """Each checkpoint's stored bytes that no other checkpoint holds: what deleting it
         alone would free (see ``checkpoints/usage.py``)."""
 

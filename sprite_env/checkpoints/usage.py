@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from sprite_env.errors import SpriteError
 from sprite_env.ids import ObjectId
 from sprite_env.snapshot.tree import Kind, decode_chunks, decode_tree
 
@@ -45,18 +46,30 @@ def unique_bytes(
     stored: StoredSizes,
     checkpoints: list[Checkpoint],
     children: Children | None = None,
-) -> dict[str, int]:
-    """Each checkpoint's bytes that no other checkpoint holds; see the module docstring."""
+) -> dict[str, int | None]:
+    """Each checkpoint's bytes that no other checkpoint holds; see the module docstring.
+
+    Error handling:
+        A tree or chunk list that cannot be read or decoded (a damaged store) is treated
+        as naming nothing, and every checkpoint whose walk met one gets None (unknown)
+        rather than a figure: listing a damaged store must work (issue 15).
+    """
     owner: dict[ObjectId, str] = {}
     if children is None or len(children) > MAX_KEPT:
         children = {}
+    unknown: set[str] = set()
+    walking = ""
 
     def below(oid: ObjectId, kind: int) -> list[tuple[ObjectId, int]]:
         if kind == _DATA:
             return []
         got = children.get(oid)
         if got is None:
-            got = children[oid] = _children(read(oid), kind)
+            try:
+                got = children[oid] = _children(read(oid), kind)
+            except (SpriteError, ValueError):
+                unknown.add(walking)
+                return []
         return got
 
     def share(start: ObjectId, kind: int) -> None:
@@ -69,6 +82,7 @@ def unique_bytes(
             stack.extend(below(oid, k))
 
     for c in checkpoints:
+        walking = c.id
         if c.record is not None:
             owner[c.record] = c.id
         todo = [(c.top_tree, _TREE)]
@@ -83,10 +97,12 @@ def unique_bytes(
     # Only owned objects need a size: in a chain of incremental checkpoints nearly
     # everything is shared, so this asks the catalog about the changes only.
     sizes = stored([oid for oid, cid in owner.items() if cid != _SHARED])
-    out = {c.id: 0 for c in checkpoints}
+    out: dict[str, int | None] = {c.id: 0 for c in checkpoints}
     for oid, cid in owner.items():
-        if cid != _SHARED:
-            out[cid] += sizes.get(oid, 0)
+        total = out.get(cid)
+        if cid != _SHARED and total is not None:
+            out[cid] = total + sizes.get(oid, 0)
+    out.update(dict.fromkeys(unknown & out.keys()))
     return out
 
 
