@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         "sprite_env.cli.cmd_demo",
         "the whole loop against a real daemon, in a temporary directory",
     )
+    _add_deferred(sub, "mcp", "sprite_env.cli.cmd_mcp", "serve checkpoints as MCP tools (stdio)")
     cmd_daemon.add_parser(sub)
     cmd_unit.add_parser(sub)
     cmd_completion.add_parser(sub)

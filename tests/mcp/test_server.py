@@ -1,0 +1,222 @@
+"""``sprite-env mcp`` driven by the SDK's own client over stdio, against a real daemon:
+the tools each scope offers and refuses, the whole loop (create, list, get, diff, read a
+file, preview, restore with its undo, restore paths, delete), tool errors with the API's
+code, the session checkpoint and its skip rule, and the actor from ``clientInfo``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+
+from sprite_env.client import Client
+from tests.helpers.cli import REPO
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+pytestmark = pytest.mark.integration
+
+READ = {
+    "checkpoint_list",
+    "checkpoint_get",
+    "checkpoint_diff",
+    "checkpoint_preview_restore",
+    "checkpoint_read_file",
+}
+CREATE = READ | {"checkpoint_create"}
+FULL = CREATE | {"checkpoint_restore", "checkpoint_restore_path", "checkpoint_delete"}
+
+
+@asynccontextmanager
+async def session(
+    sock: str, *args: str, name: str = "test-agent", version: str = "9.9"
+) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "sprite_env", "mcp", *args],
+        env={**os.environ, "SPRITE_API_SOCK": sock, "SPRITE_API_WAIT": "5"},
+        cwd=REPO,
+    )
+    # (the server's stderr needs a real file: pytest's captured one has no descriptor)
+    with open(os.devnull, "w") as errlog:  # noqa: ASYNC230
+        async with stdio_client(params, errlog=errlog) as (read, write):
+            info = types.Implementation(name=name, version=version)
+            async with ClientSession(read, write, client_info=info) as s:
+                await s.initialize()
+                yield s
+
+
+def run(main: Callable[[], Awaitable[None]]) -> None:
+    anyio.run(main)
+
+
+async def call(s: ClientSession, tool: str, **args: Any) -> dict[str, Any]:
+    """A tool's structured answer; fails the test on a tool error."""
+    r = await s.call_tool(tool, args)
+    assert not r.is_error, r.content
+    assert isinstance(r.structured_content, dict)
+    # the text says the same as the structured content
+    first = r.content[0]
+    assert isinstance(first, types.TextContent)
+    assert json.loads(first.text) == r.structured_content
+    return r.structured_content
+
+
+async def error(s: ClientSession, tool: str, **args: Any) -> dict[str, Any]:
+    r = await s.call_tool(tool, args)
+    assert r.is_error, r.structured_content
+    assert isinstance(r.structured_content, dict)
+    return r.structured_content
+
+
+def test_each_scope_offers_its_tools_with_true_annotations(daemon: Any) -> None:
+    async def main() -> None:
+        for scope, names in (("read", READ), ("create", CREATE), ("full", FULL)):
+            async with session(daemon.socket, "--scope", scope, "--no-session-checkpoint") as s:
+                tools = {t.name: t for t in (await s.list_tools()).tools}
+                # no base image under --root: no environment_reset even in full
+                assert set(tools) == names, scope
+                for t in tools.values():
+                    a = t.annotations
+                    assert a is not None
+                    assert a.open_world_hint is False
+                    assert a.read_only_hint is (t.name in READ), t.name
+                    restores = t.name.startswith(("checkpoint_restore", "checkpoint_delete"))
+                    assert a.destructive_hint is restores, t.name
+                    assert t.input_schema["type"] == "object"
+                assert tools["checkpoint_get"].input_schema["required"] == ["id"]
+                if scope != "full":
+                    refused = await error(s, "checkpoint_restore", id="v1")
+                    assert refused["code"] == "out_of_scope"
+                    assert "--scope full" in refused["message"]
+                if scope == "read":
+                    refused = await error(s, "checkpoint_create", comment="x")
+                    assert refused["code"] == "out_of_scope"
+                    assert "--scope create" in refused["message"]
+        # default scope: create
+        async with session(daemon.socket, "--no-session-checkpoint") as s:
+            assert {t.name for t in (await s.list_tools()).tools} == CREATE
+
+    run(main)
+    # the refused calls did nothing: no checkpoint was taken
+    assert Client(daemon.socket).list(include_auto=True) == []
+
+
+def test_the_whole_loop_and_its_errors(daemon_factory: Any, tmp_path: Any) -> None:
+    root = tmp_path / "root"
+    (root / "app").mkdir(parents=True)
+    (root / "app" / "main.py").write_text("print('v1')\n")
+    (root / "notes.txt").write_text("keep\n")
+    d = daemon_factory()
+
+    async def main() -> None:
+        async with session(d.socket, "--scope", "full", "--no-session-checkpoint") as s:
+            made = await call(s, "checkpoint_create", comment="before the change")
+            cid = made["id"]
+            listed = (await call(s, "checkpoint_list"))["checkpoints"]
+            assert [c["id"] for c in listed] == [cid]
+            got = await call(s, "checkpoint_get", id=cid)
+            assert got["id"] == cid
+            assert got["comment"] == "before the change"
+
+            (root / "app" / "main.py").write_text("print('broken')\n")
+            (root / "app" / "new.py").write_text("x = 1\n")
+            diff = await call(s, "checkpoint_diff", id=cid)
+            paths = {c["path"] for c in diff["changes"]}
+            assert {"app/main.py", "app/new.py"} <= paths, diff
+            old = await call(s, "checkpoint_read_file", id=cid, path="/app/main.py")
+            assert old["text"] == "print('v1')\n"
+            assert old["truncated"] is False
+            listing = await call(s, "checkpoint_read_file", id=cid, path="/app")
+            assert "entry" in listing
+            preview = await call(s, "checkpoint_preview_restore", id=cid)
+            assert {c["path"] for c in preview["changes"]} >= {"app/main.py", "app/new.py"}
+
+            # an unknown id is a tool error with the API's code; the server answers on
+            missing = await error(s, "checkpoint_get", id="v99")
+            assert missing["code"] == "not_found", missing
+            bad = await error(s, "checkpoint_read_file", id=cid)
+            assert bad["code"] == "invalid_arguments"
+            assert "'path'" in bad["message"]
+            assert (await call(s, "checkpoint_get", id=cid))["id"] == cid
+
+            done = await call(s, "checkpoint_restore", id=cid)
+            undo = done["undo"]
+            assert undo, done
+            assert undo != cid
+            assert done["ends_sessions"] is False
+            assert undo in done["note"]
+            assert (root / "app" / "main.py").read_text() == "print('v1')\n"
+            assert not (root / "app" / "new.py").exists()
+
+            back = await call(s, "checkpoint_restore", id=undo)
+            assert back["undo"]
+            assert (root / "app" / "main.py").read_text() == "print('broken')\n"
+            assert (root / "app" / "new.py").read_text() == "x = 1\n"
+
+            # only a path: the rest stays as it is
+            (root / "notes.txt").write_text("changed\n")
+            part = await call(s, "checkpoint_restore_path", id=cid, paths=["/app/main.py"])
+            assert part["undo"]
+            assert part["restored"] == f"/app/main.py from {cid}"
+            assert (root / "app" / "main.py").read_text() == "print('v1')\n"
+            assert (root / "notes.txt").read_text() == "changed\n"
+
+            newest = await call(s, "checkpoint_create", comment="the newest")
+            active = await error(s, "checkpoint_delete", id=newest["id"])
+            assert active["code"] == "active_checkpoint", active
+            await call(s, "checkpoint_delete", id=back["undo"])
+            gone = await error(s, "checkpoint_delete", id=back["undo"])
+            assert gone["code"] == "not_found"
+
+    run(main)
+
+
+def test_a_session_takes_a_checkpoint_as_its_client(daemon_factory: Any, tmp_path: Any) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "work.txt").write_text("the user's work\n")
+    d = daemon_factory()
+
+    async def main() -> None:
+        async with session(d.socket, "--scope", "read", name="claude-code", version="1.2.3") as s:
+            auto = (await call(s, "checkpoint_list", include_auto=True))["checkpoints"]
+            assert [c["comment"] for c in auto] == ["before claude-code/1.2.3 session"]
+            # without include_auto the session checkpoint stays out of the way
+            assert (await call(s, "checkpoint_list"))["checkpoints"] == []
+        # a second session at once, nothing changed: the daemon's rule skips it
+        async with session(d.socket, "--scope", "read", "--as", "reviewer") as s:
+            again = (await call(s, "checkpoint_list", include_auto=True))["checkpoints"]
+            assert len(again) == 1
+
+    run(main)
+    c = Client(d.socket)
+    creates = [e for e in c.activity() if e["action"] == "create"]
+    assert creates, c.activity()
+    assert creates[-1]["actor"] == "claude-code/1.2.3", creates
+    # --as names the actor of the second session's calls
+    assert any(e["actor"] == "reviewer" for e in c.activity()), c.activity()
+
+
+def test_the_online_cli_loads_no_mcp() -> None:
+    probe = (
+        "import sys\n"
+        "from sprite_env.cli.main import main\n"
+        "main(['checkpoints', 'list'])\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in\n"
+        "      ('mcp', 'mcp_types', 'pydantic', 'anyio', 'starlette', 'sprite_env.mcp_server')))\n"
+    )
+    env = {**os.environ, "SPRITE_API_SOCK": "/nonexistent/api.sock", "SPRITE_API_WAIT": "0"}
+    r = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, env=env
+    )
+    assert r.stdout.strip() == "[]", r.stdout + r.stderr
