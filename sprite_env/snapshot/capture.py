@@ -58,7 +58,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sprite_env.errors import SpriteError
+from sprite_env.errors import SnapshotError, SpriteError
 from sprite_env.ids import ObjectId
 from sprite_env.snapshot import dircache
 from sprite_env.snapshot.dircache import RACY_NS, CachedDir, Sig, is_racy, sig_of
@@ -102,13 +102,48 @@ class ObjectSink(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class CaptureWarning:
-    """Something left out of, or uncertain in, a checkpoint."""
+    """Something left out of, or uncertain in, a checkpoint.
+
+    ``code`` is stable, for clients to branch on (as they do on the API's error codes):
+
+    - ``unreadable``: a file or directory this process may not read (EACCES/EPERM): left
+      out, as a restore cannot bring back what was never read;
+    - ``changed_while_read``: kept changing over every attempt; the last reading is kept;
+    - ``socket_skipped``: a socket (its state cannot be captured or restored);
+    - ``mount_point``: another file system mounted inside the layer: left out, and left in
+      place by restores.
+
+    Any other error reading a file (EIO, a failing disk) is not a warning: it fails the
+    checkpoint (:class:`CaptureFailed`), since a checkpoint without that file would make a
+    restore delete it.
+    """
 
     path: bytes
     message: str
+    code: str = "unreadable"
 
     def to_json(self) -> dict[str, str]:
-        return {"path": self.path.decode(errors="backslashreplace"), "message": self.message}
+        return {
+            "path": self.path.decode(errors="backslashreplace"),
+            "code": self.code,
+            "message": self.message,
+        }
+
+
+class CaptureFailed(SnapshotError):
+    """A file could not be read for a reason other than permissions: no checkpoint."""
+
+    code = "io_error"
+
+    def __init__(self, path: bytes, error: OSError) -> None:
+        shown = path.decode(errors="backslashreplace")
+        super().__init__(
+            f"cannot read {shown}: {error.strerror or error}; no checkpoint was taken (one "
+            "without this file would make a restore delete it). Check the disk (dmesg), or "
+            "exclude the path"
+        )
+        self.path = path
+        self.errno = error.errno
 
 
 @dataclass
@@ -382,8 +417,8 @@ class Capturer:
             memo=memo,
         )
 
-    def _warn(self, rel: bytes, message: str) -> None:
-        w = CaptureWarning(rel, message)
+    def _warn(self, rel: bytes, message: str, code: str = "unreadable") -> None:
+        w = CaptureWarning(rel, message, code)
         self.warnings.append(w)
         if self.on_warning:
             self.on_warning(w)
@@ -504,10 +539,10 @@ class Capturer:
                 continue
             mode = st.st_mode
             if stat.S_ISSOCK(mode):
-                self._warn(child, "socket skipped (a socket cannot be restored)")
+                self._warn(child, "socket skipped (a socket cannot be restored)", "socket_skipped")
                 continue
             if stat.S_ISDIR(mode) and st.st_dev != self._root_dev:
-                self._warn(child, "mount point skipped (other file system)")
+                self._warn(child, "mount point skipped (other file system)", "mount_point")
                 continue
             s = sig_of(st, self.start_ns)
             prev_sig = prev_sigs.get(name)
@@ -730,9 +765,11 @@ class Capturer:
             if e.errno in (errno.EACCES, errno.EPERM):
                 self._warn(rel, f"skipped: {e.strerror}")
                 return None
-            raise
+            raise CaptureFailed(rel, e) from e
         try:
             entry, st_after = self._read_file(fd, rel, name, link, pieces)
+        except OSError as e:
+            raise CaptureFailed(rel, e) from e
         finally:
             os.close(fd)
         if entry is None:
@@ -854,6 +891,7 @@ class Capturer:
             self._warn(
                 rel,
                 f"changed while being read ({READ_ATTEMPTS} attempts); the last reading was kept",
+                "changed_while_read",
             )
         payload = encode_chunks(chunks)
         indirect = len(chunks) > INLINE_CHUNKS
