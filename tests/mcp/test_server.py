@@ -178,6 +178,12 @@ def test_the_whole_loop_and_its_errors(daemon_factory: Any, tmp_path: Any) -> No
             gone = await error(s, "checkpoint_delete", id=back["undo"])
             assert gone["code"] == "not_found"
 
+            # a daemon that went away: a tool error, and the server still answers
+            assert d.stop() == 0
+            away = await error(s, "checkpoint_list")
+            assert away["code"] == "no_daemon", away
+            assert {t.name for t in (await s.list_tools()).tools} == FULL
+
     run(main)
 
 
@@ -205,6 +211,41 @@ def test_a_session_takes_a_checkpoint_as_its_client(daemon_factory: Any, tmp_pat
     assert creates[-1]["actor"] == "claude-code/1.2.3", creates
     # --as names the actor of the second session's calls
     assert any(e["actor"] == "reviewer" for e in c.activity()), c.activity()
+
+
+def test_under_an_overlay_restore_says_sessions_end_and_reset_is_offered(
+    overlay_daemon: Any,
+) -> None:
+    d = overlay_daemon
+    merged = d.overlay.merged
+    app = os.path.join(merged, "app.py")
+
+    async def main() -> None:
+        async with session(d.socket, "--scope", "full", "--no-session-checkpoint") as s:
+            names = {t.name for t in (await s.list_tools()).tools}
+            assert names == FULL | {"environment_reset"}
+            with open(app, "w") as f:
+                f.write("v1\n")
+            cid = (await call(s, "checkpoint_create", comment="v1"))["id"]
+            with open(app, "w") as f:
+                f.write("broken\n")
+            done = await call(s, "checkpoint_restore", id=cid)
+            assert done["ends_sessions"] is True, done
+            assert "open a new one" in done["note"]
+            assert done["undo"] in done["note"]
+            with open(app) as f:
+                assert f.read() == "v1\n"
+            reset = await call(s, "environment_reset")
+            assert reset["undo"], reset
+            assert not os.path.exists(app)
+            with open(os.path.join(merged, "etc", "hosts")) as f:  # the base image stays
+                assert f.read() == "127.0.0.1 localhost\n"
+            # the reset's undo brings the layer back
+            await call(s, "checkpoint_restore", id=reset["undo"])
+            with open(app) as f:
+                assert f.read() == "v1\n"
+
+    run(main)
 
 
 def test_the_online_cli_loads_no_mcp() -> None:
