@@ -959,6 +959,18 @@ class Engine:
     ) -> bool:
         """:meth:`check_restore` for :meth:`restore_paths`: False when those paths already
         are as in ``cid``; raises what ``restore_paths`` would, before anything changes."""
+        top, live_top, sink = self._grafted_live(cid, paths, base_image)
+        if top == live_top:
+            return False
+        self._preflight(cid, top, live_top, sink.read)
+        return True
+
+    def _grafted_live(
+        self, cid: str, paths: list[str], base_image: str | None
+    ) -> tuple[ObjectId, ObjectId, HashOnlySink]:
+        """A hash-only capture of the live layer, and its top with ``paths`` as in ``cid``:
+        what a path restore would make of it. Returns (that top, the live top, the sink
+        that holds both)."""
         target = self.registry.get(cid)
         chosen = self._chosen(cid, target.top_tree, paths, live=True, base_image=base_image)
         live, sink = self._capture_live()
@@ -969,27 +981,15 @@ class Engine:
             target.top_tree,
             chosen,
         )
-        if top == live.top_tree:
-            return False
-        self._preflight(cid, top, live.top_tree, sink.read)
-        return True
+        return top, live.top_tree, sink
 
     def preview_paths(
         self, cid: str, paths: list[str], *, base_image: str | None = None
     ) -> Preview:
         """What ``restore_paths(cid, paths)`` would do, without doing it (``base_image``: as
         in :meth:`diff`)."""
-        target = self.registry.get(cid)
-        chosen = self._chosen(cid, target.top_tree, paths, live=True, base_image=base_image)
-        live, sink = self._capture_live()
-        top = graft(
-            sink.read,
-            lambda d: sink.put(d, ObjectKind.TREE),
-            live.top_tree,
-            target.top_tree,
-            chosen,
-        )
-        return Preview(cid, self._compare(sink.read, top, live.top_tree, base_image))
+        top, live_top, sink = self._grafted_live(cid, paths, base_image)
+        return Preview(cid, self._compare(sink.read, top, live_top, base_image))
 
     def check_paths(
         self, cid: str, paths: list[str], *, live: bool = True, base_image: str | None = None
