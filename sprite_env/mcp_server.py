@@ -45,7 +45,7 @@ from mcp.server.stdio import stdio_server
 from sprite_env import __version__
 from sprite_env.actor import InvalidActor, clean_actor
 from sprite_env.client import Client, Event, file_chunks
-from sprite_env.errors import ApiError, SpriteError
+from sprite_env.errors import ApiError, DaemonUnavailable, SpriteError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -59,6 +59,9 @@ SCOPES = ("read", "create", "full")
 #: Bytes of a file ``checkpoint_read_file`` returns at most (an agent's context is small;
 #: 256 KiB is about 64k tokens of text); the answer says when it cut.
 READ_LIMIT = 256 * 1024
+#: Seconds tools/list waits for a daemon to say whether it has a base image (an MCP client
+#: times out a server's start-up; the Client's default wait is 30 s).
+_LIST_WAIT = 5.0
 
 Args = dict[str, Any]
 Result = dict[str, Any]
@@ -425,6 +428,10 @@ class McpServer:
         c = self._client()
         try:
             self._has_base = c.status().get("base_image") is not None
+        except DaemonUnavailable as e:
+            # (the create would wait as long again: each tool call says it instead)
+            _log(f"no session checkpoint: {e}")
+            return
         except SpriteError as e:
             _log(f"the daemon's status: {e}")
             self._has_base = None  # asked again on the next tools/list
@@ -460,14 +467,17 @@ class McpServer:
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        await self._session_start(ctx)
+        # Listing waits for no session checkpoint (a client may time out its start-up,
+        # and a create scans the whole layer): only tool calls wait for it.
+        self._learn_client(ctx)
         if self._has_base is None and self.scope == "full":
             self._has_base = await anyio.to_thread.run_sync(self._base_image)
         return types.ListToolsResult(tools=[t.tool() for t in self.offered()])
 
     def _base_image(self) -> bool | None:
         try:
-            return self._client().status().get("base_image") is not None
+            c = Client(self.socket_path, actor=self.actor or self._client_name, wait=_LIST_WAIT)
+            return c.status().get("base_image") is not None
         except SpriteError:
             return None
 

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -203,6 +204,14 @@ def test_a_session_takes_a_checkpoint_as_its_client(daemon_factory: Any, tmp_pat
         async with session(d.socket, "--scope", "read", "--as", "reviewer") as s:
             again = (await call(s, "checkpoint_list", include_auto=True))["checkpoints"]
             assert len(again) == 1
+        # a change since: the next session takes one
+        (root / "work.txt").write_text("more work\n")
+        async with session(d.socket, "--scope", "read", name="other", version="2") as s:
+            third = (await call(s, "checkpoint_list", include_auto=True))["checkpoints"]
+            assert [c["comment"] for c in third] == [
+                "before other/2 session",
+                "before claude-code/1.2.3 session",
+            ]
 
     run(main)
     c = Client(d.socket)
@@ -217,33 +226,29 @@ def test_under_an_overlay_restore_says_sessions_end_and_reset_is_offered(
     overlay_daemon: Any,
 ) -> None:
     d = overlay_daemon
-    merged = d.overlay.merged
-    app = os.path.join(merged, "app.py")
+    merged = Path(d.overlay.merged)
+    app = merged / "app.py"
 
     async def main() -> None:
         async with session(d.socket, "--scope", "full", "--no-session-checkpoint") as s:
             names = {t.name for t in (await s.list_tools()).tools}
             assert names == FULL | {"environment_reset"}
-            with open(app, "w") as f:
-                f.write("v1\n")
+            app.write_text("v1\n")
             cid = (await call(s, "checkpoint_create", comment="v1"))["id"]
-            with open(app, "w") as f:
-                f.write("broken\n")
+            app.write_text("broken\n")
             done = await call(s, "checkpoint_restore", id=cid)
             assert done["ends_sessions"] is True, done
             assert "open a new one" in done["note"]
             assert done["undo"] in done["note"]
-            with open(app) as f:
-                assert f.read() == "v1\n"
+            assert app.read_text() == "v1\n"
             reset = await call(s, "environment_reset")
             assert reset["undo"], reset
-            assert not os.path.exists(app)
-            with open(os.path.join(merged, "etc", "hosts")) as f:  # the base image stays
-                assert f.read() == "127.0.0.1 localhost\n"
+            assert not app.exists()
+            # the base image stays
+            assert (merged / "etc" / "hosts").read_text() == "127.0.0.1 localhost\n"
             # the reset's undo brings the layer back
             await call(s, "checkpoint_restore", id=reset["undo"])
-            with open(app) as f:
-                assert f.read() == "v1\n"
+            assert app.read_text() == "v1\n"
 
     run(main)
 
