@@ -23,7 +23,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     def common(q: argparse.ArgumentParser) -> None:
         add_common_options(q)
 
-    q = ssub.add_parser("init", help="create an empty store")
+    q = ssub.add_parser(
+        "init", help="create an empty store (an existing one: upgrade its catalog's schema)"
+    )
     common(q)
     q.set_defaults(func=cmd_init)
     q = ssub.add_parser(
@@ -54,39 +56,29 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from sprite_env.checkpoints.gc import verify as verify_checkpoints
-    from sprite_env.store import check, open_store
+    from sprite_env.checkpoints.verify import verify_store
+    from sprite_env.store import open_store
 
     with (
         open_store(store_dir(args), writable=False) as s,
         progress_bar("checking packs", enabled=not args.json) as update,
     ):
-        report = check(s, read_data=args.read_data, progress=update)
-        reached, errors = verify_checkpoints(s)
-        report.errors.extend(errors)
+        v = verify_store(s, read_data=args.read_data, progress=update)
+        advice = v.advice(s.path)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "ok": report.ok,
-                    "packs": report.packs,
-                    "objects": report.objects,
-                    "objects_reachable": reached,
-                    "bytes_read": report.bytes_read,
-                    "errors": report.errors,
-                    "warnings": report.warnings,
-                }
-            )
-        )
+        print(json.dumps({**v.to_json(), "advice": advice}))
     else:
-        for w in report.warnings:
+        for w in v.warnings:
             print(f"warning: {w}", file=sys.stderr)
-        for e in report.errors:
+        for e in v.errors:
             print(f"error: {e}", file=sys.stderr)
+        for a in advice:
+            print(f"advice: {a}", file=sys.stderr)
+        r = v.report
         what = "objects read and hashed" if args.read_data else "objects located"
-        verdict = "ok" if report.ok else f"{len(report.errors)} problem(s)"
-        print(f"{report.packs} packs, {report.objects} {what}: {verdict}")
-    return 0 if report.ok else StoreError.exit_code
+        verdict = "ok" if v.ok else f"{len(v.errors)} problem(s)"
+        print(f"{r.packs} packs, {r.objects} {what}: {verdict}")
+    return 0 if v.ok else StoreError.exit_code
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
@@ -96,9 +88,14 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     with open_store(store_dir(args), repair=True) as s:
         r = rebuild(s)
         recovered = recover_checkpoints(s)
+        aside = s.catalog_set_aside
     if args.json:
-        print(json.dumps({**r.__dict__, "checkpoints_recovered": recovered}))
+        print(
+            json.dumps({**r.__dict__, "checkpoints_recovered": recovered, "damaged_catalog": aside})
+        )
     else:
+        if aside:
+            print(f"warning: the damaged catalog was renamed to {aside}", file=sys.stderr)
         print(
             f"catalog rebuilt: {r.packs} packs, {r.objects} objects, "
             f"{recovered} checkpoints recovered"

@@ -15,14 +15,24 @@ that never matches, so the next capture reads it again.
 
 Stat blob format: ``(name_len:u16 name ino:u64 ctime_ns:i64 size:u64 mtime_ns:i64)*``
 sorted by name.
+
+Row checksum (column ``sum``, catalog schema 4, issue 15.5): the CRC-32 of
+``len(path):u32 len(tree):u32 len(stat):u32 path tree stat``. SQLite's own checks prove
+its pages and indexes sound, not the bytes of a value, and a flipped byte in ``tree`` would
+make a capture reuse a tree id the directory never had. CRC-32 catches every error of up
+to 32 consecutive bits, so every one-byte flip. A row whose checksum fails is dropped when
+loaded (deleted at once when the catalog is writable), so the next capture reads that
+directory afresh; a row written before schema 4 has ``NULL`` and loads as before.
 """
 
 from __future__ import annotations
 
+import logging
 import struct
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sprite_env.errors import SpriteError
 from sprite_env.ids import ObjectId
@@ -40,6 +50,8 @@ if TYPE_CHECKING:
 #: from the coarse clock (one tick: 4 ms at HZ=250, 10 ms at HZ=100); 50 ms is a margin.
 RACY_NS = 50_000_000
 _ROW = struct.Struct("<HQqQq")
+_SUM_HEAD = struct.Struct("<III")
+log = logging.getLogger(__name__)
 Sig = tuple[int, int, int, int]  # ino, ctime_ns, size, mtime_ns
 #: ctime of a poisoned signature: matches no stat, but the inode is kept (a file changed in
 #: place is recognized by its inode even while it is being written).
@@ -76,6 +88,43 @@ def decode_sigs(blob: bytes) -> dict[bytes, Sig]:
         off += nlen
         out[name] = (ino, ctime, size, mtime)
     return out
+
+
+def row_sum(path: bytes, tree: bytes, stat: bytes) -> int:
+    """The checksum of one row (see the module docstring)."""
+    return zlib.crc32(b"".join((_SUM_HEAD.pack(len(path), len(tree), len(stat)), path, tree, stat)))
+
+
+def _sound(path: bytes, tree: bytes, stat: bytes, total: int | None) -> bool:
+    return total is None or total == row_sum(path, tree, stat)
+
+
+def _rows(catalog: Catalog, where: str = "", params: tuple[bytes, ...] = ()) -> list[Any]:
+    """``(path, tree, stat, sum)`` rows; ``sum`` is NULL in a catalog opened read-only
+    before a writable open migrated it to schema 4."""
+    total = "sum" if catalog.schema_version() >= 4 else "NULL"
+    return catalog.query(f"SELECT path, tree, stat, {total} FROM dircache {where}", params)
+
+
+def bad_rows(catalog: Catalog) -> list[bytes]:
+    """The paths of rows whose checksum fails (for ``store check``; reads every row)."""
+    rows = _rows(catalog)
+    return sorted(bytes(p) for p, t, s, n in rows if not _sound(bytes(p), bytes(t), bytes(s), n))
+
+
+def _drop(catalog: Catalog, bad: list[tuple[bytes, int]]) -> None:
+    """Deletes rows that failed their checksum (each only if it is still that row)."""
+    log.warning(
+        "files cache of %s: %d rows failed their checksum and were dropped (first %r); "
+        "those directories are read afresh",
+        catalog.path,
+        len(bad),
+        bad[0][0],
+    )
+    if catalog.readonly:
+        return
+    with catalog.transaction() as db:
+        db.executemany("DELETE FROM dircache WHERE path=? AND sum=?", bad)
 
 
 @dataclass(slots=True)
@@ -152,8 +201,14 @@ class CacheView(Mapping[bytes, CachedDir]):
         if path in self._rows:
             row = self._rows[path]
         else:
-            q = self._catalog.query("SELECT tree, stat FROM dircache WHERE path=?", (path,))
-            row = CachedDir(ObjectId(bytes(q[0][0])), bytes(q[0][1])) if q else None
+            q = _rows(self._catalog, "WHERE path=?", (path,))
+            row = None
+            if q:
+                tree, stat, total = bytes(q[0][1]), bytes(q[0][2]), q[0][3]
+                if _sound(path, tree, stat, total):
+                    row = CachedDir(ObjectId(tree), stat)
+                else:
+                    _drop(self._catalog, [(path, total)])
             self._rows[path] = row
         if row is None:
             raise KeyError(path)
@@ -172,11 +227,19 @@ class CacheView(Mapping[bytes, CachedDir]):
 
 
 def load(catalog: Catalog) -> dict[bytes, CachedDir]:
-    """Reads the whole cache (one query: cheaper than one lookup per directory)."""
-    return {
-        bytes(p): CachedDir(ObjectId(bytes(t)), bytes(s))
-        for p, t, s in catalog.query("SELECT path, tree, stat FROM dircache")
-    }
+    """Reads the whole cache (one query: cheaper than one lookup per directory), without
+    the rows whose checksum fails (see the module docstring)."""
+    out: dict[bytes, CachedDir] = {}
+    bad: list[tuple[bytes, int]] = []
+    for p, t, s, total in _rows(catalog):
+        path, tree, stat = bytes(p), bytes(t), bytes(s)
+        if _sound(path, tree, stat, total):
+            out[path] = CachedDir(ObjectId(tree), stat)
+        else:
+            bad.append((path, total))
+    if bad:
+        _drop(catalog, bad)
+    return out
 
 
 def save(
@@ -202,6 +265,6 @@ def save(
             (p, len(prefix), prefix),
         )
     db.executemany(
-        "INSERT OR REPLACE INTO dircache(path, tree, stat) VALUES (?,?,?)",
-        ((p, c.tree, c.stat) for p, c in changed.items()),
+        "INSERT OR REPLACE INTO dircache(path, tree, stat, sum) VALUES (?,?,?,?)",
+        ((p, c.tree, c.stat, row_sum(p, c.tree, c.stat)) for p, c in changed.items()),
     )

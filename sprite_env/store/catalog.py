@@ -1,6 +1,6 @@
 """The catalog: one SQLite database (WAL) that is the store's single source of truth.
 
-Schema (version 3). This is the one place it is described; ``_MIGRATIONS`` creates it.
+Schema (version 4). This is the one place it is described; ``_MIGRATIONS`` creates it.
 
 ``meta(key TEXT PRIMARY KEY, value TEXT)``
     ``schema_version``; ``ingested_bytes`` (raw bytes ever offered to the store,
@@ -12,7 +12,8 @@ objects INTEGER)``
 raw_len INTEGER, kind INTEGER, codec INTEGER) WITHOUT ROWID``
     Where each object lives. ``offset`` is that of its entry header in the pack.
 
-The checkpoint layer's tables (version 2; version 3 added ``walk`` and ``walk_reason``):
+The checkpoint layer's tables (version 2; version 3 added ``walk`` and ``walk_reason``,
+version 4 the files cache's ``sum``):
 
 ``checkpoints(id TEXT PRIMARY KEY, seq INTEGER, is_auto INTEGER, create_time_ns INTEGER,
 comment TEXT, created_by TEXT, parent TEXT, history TEXT, top_tree BLOB, record BLOB,
@@ -26,16 +27,23 @@ walk TEXT, walk_reason TEXT)``
     capture found what changed, ``journal`` (narrowed by the change journal) or ``full``,
     and ``walk_reason`` why a full walk (rows older than version 3: ``full``, ``""``).
     The row's insertion is the commit point of a capture.
-``dircache(path BLOB PRIMARY KEY, tree BLOB, stat BLOB)``
+``dircache(path BLOB PRIMARY KEY, tree BLOB, stat BLOB, sum INTEGER)``
     The files cache, one row per directory of the live tree (path relative to the root,
-    ``b""`` for the root): the tree id last captured or restored there, and the children's
-    (inode, ctime, size, mtime) at that moment (see ``snapshot/dircache.py``).
+    ``b""`` for the root): the tree id last captured or restored there, the children's
+    (inode, ctime, size, mtime) at that moment, and a checksum of the row (NULL in rows
+    written before version 4; see ``snapshot/dircache.py``).
 ``meta`` keys of this layer: ``next_seq`` (v-numbers are never reused), ``active`` (the
 checkpoint last created or restored), ``restore_intent`` (JSON, present while a restore is
 unfinished), ``gc_pending`` (present while a delete's collection is unfinished: ``1`` from
 the delete's transaction until the collection ends, or JSON ``{"problems": [lines],
 "damaged": [object ids in hex]}`` when damage kept it from finishing; see
 ``Engine.collect``).
+
+Damage: SQLite errors that mean a damaged file (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``, a
+schema or text that no longer parses) raise :class:`CatalogDamaged`, naming ``store
+rebuild-catalog``; other SQLite errors raise :class:`StoreError`. None escapes as a
+``sqlite3`` exception. ``integrity_problems`` runs ``PRAGMA integrity_check``, which also
+proves every index agrees with its table (``quick_check`` does not).
 
 Invariants: an object row exists only if its pack row exists and the pack file was made
 durable before the transaction that inserted both committed. A pack file with no row is
@@ -48,6 +56,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
@@ -59,7 +68,7 @@ from sprite_env.errors import StoreError
 from sprite_env.ids import ObjectId, PackName
 from sprite_env.store.pack import Entry
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _MIGRATIONS: list[str] = [
     # 0 -> 1
@@ -111,7 +120,58 @@ _MIGRATIONS: list[str] = [
     ALTER TABLE checkpoints ADD COLUMN walk TEXT NOT NULL DEFAULT 'full';
     ALTER TABLE checkpoints ADD COLUMN walk_reason TEXT NOT NULL DEFAULT '';
     """,
+    # 3 -> 4 (issue 15.5): rows of older versions keep NULL, and load unchecked
+    """
+    ALTER TABLE dircache ADD COLUMN sum INTEGER;
+    """,
 ]
+
+#: SQLite's primary result codes for a file that is not a sound database.
+_SQLITE_CORRUPT = 11
+_SQLITE_NOTADB = 26
+#: Messages that also mean damage: a flipped byte in the schema's SQL text makes a table's
+#: columns vanish or its text undecodable (seen in 25 of 507 flips of a 48 KiB catalog).
+_DAMAGE_HINTS = (
+    "malformed",
+    "no such column",
+    "no such table",
+    "could not decode",
+    "not a database",
+)
+
+
+class CatalogDamaged(StoreError):
+    """The catalog file is damaged: SQLite cannot read it as the database it should be."""
+
+
+def catalog_error(path: str, e: Exception) -> StoreError:
+    """The :class:`StoreError` for a SQLite (or text decoding) error on the catalog at
+    ``path``: :class:`CatalogDamaged` with the repair command when it means damage."""
+    code = getattr(e, "sqlite_errorcode", None)
+    damaged = (
+        isinstance(e, UnicodeDecodeError)
+        or (code is not None and code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB))
+        or any(h in str(e).lower() for h in _DAMAGE_HINTS)
+    )
+    if not damaged:
+        return StoreError(f"catalog {path}: {e}")
+    store = os.path.dirname(os.path.abspath(path))
+    return CatalogDamaged(
+        f"catalog {path} is damaged ({e}); the packs hold every object, so rebuild it from "
+        f"them: sprite-env store rebuild-catalog --store {store}"
+    )
+
+
+#: What :func:`_guard` translates: every sqlite3 error, and text it cannot decode.
+_SQL_ERRORS = (sqlite3.Error, UnicodeDecodeError)
+
+
+@contextmanager
+def _guard(path: str) -> Iterator[None]:
+    try:
+        yield
+    except _SQL_ERRORS as e:
+        raise catalog_error(path, e) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +204,7 @@ class Catalog:
 
     def __init__(self, path: str, *, readonly: bool = False) -> None:
         self.path = path
+        self.readonly = readonly
         self._uri = uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
         self._idle: list[sqlite3.Connection] = []
         self._closed = False
@@ -160,14 +221,29 @@ class Catalog:
                 self._db.execute("PRAGMA journal_mode=WAL")
             # FULL: a committed checkpoint survives power loss, not only a crash.
             self._db.execute("PRAGMA synchronous=FULL")
-        except (sqlite3.Error, OSError) as e:
+        except _SQL_ERRORS as e:
+            raise catalog_error(path, e) from None
+        except OSError as e:
             raise StoreError(f"cannot open catalog {path}: {e}") from None
         self._lock = threading.Lock()
         self._pack_names: dict[int, PackName] = {}
-        if not readonly:
-            self._migrate()
-        version = self.schema_version()
+        try:
+            if not readonly:
+                self._migrate()
+            version = self.schema_version()
+        except StoreError:
+            self._db.close()
+            raise
+        if version < SCHEMA_VERSION:  # only read-only: a writable open has migrated
+            self._db.close()
+            store = os.path.dirname(os.path.abspath(path))
+            raise StoreError(
+                f"catalog schema {version} is older than this sprite-env's ({SCHEMA_VERSION}) "
+                "and a read-only open cannot upgrade it; a writable open does (the daemon's "
+                f"start, or: sprite-env store init --store {store}), then retry"
+            )
         if version > SCHEMA_VERSION:
+            self._db.close()
             raise StoreError(
                 f"catalog schema {version} is newer than this sprite-env supports "
                 f"({SCHEMA_VERSION}); upgrade sprite-env"
@@ -190,9 +266,11 @@ class Catalog:
         with self._pool_lock:  # not self._lock: a write transaction holds that one
             db = self._idle.pop() if self._idle else None
         if db is None:
-            db = sqlite3.connect(self._uri, uri=True, check_same_thread=False, timeout=30)
+            with _guard(self.path):
+                db = sqlite3.connect(self._uri, uri=True, check_same_thread=False, timeout=30)
         try:
-            yield db
+            with _guard(self.path):
+                yield db
         finally:
             with self._pool_lock:
                 if self._closed or len(self._idle) >= _MAX_IDLE_READERS:
@@ -201,7 +279,20 @@ class Catalog:
                     self._idle.append(db)
 
     def schema_version(self) -> int:
-        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        with _guard(self.path):
+            return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def integrity_problems(self) -> list[str]:
+        """Runs ``PRAGMA integrity_check`` (every page, every index against its table:
+        about 1 s per 100 MB of catalog) and returns its problem lines, ``[]`` when sound.
+        Never raises for damage: an error of the check itself is its one problem line."""
+        try:
+            with self._reader() as db:
+                rows = db.execute("PRAGMA integrity_check").fetchall()
+        except StoreError as e:
+            return [str(e)]
+        lines = [str(r[0]) for r in rows]
+        return [] if lines == ["ok"] else lines
 
     def _migrate(self) -> None:
         version = self.schema_version()
@@ -252,7 +343,7 @@ class Catalog:
             self._pack_names.clear()
 
     def objects_in_pack(self, pack_id: int) -> list[Entry]:
-        with self._lock:
+        with self._lock, _guard(self.path):
             rows = self._db.execute(
                 "SELECT id, offset, stored_len, raw_len, kind, codec FROM objects "
                 "WHERE pack=? ORDER BY offset",
@@ -261,14 +352,14 @@ class Catalog:
         return [Entry(ObjectId(r[0]), r[1], r[2], r[3], r[4], r[5]) for r in rows]
 
     def packs(self) -> list[PackRow]:
-        with self._lock:
+        with self._lock, _guard(self.path):
             rows = self._db.execute(
                 "SELECT id, name, class, size, objects FROM packs ORDER BY id"
             ).fetchall()
         return [PackRow(r[0], PackName(r[1]), r[2], r[3], r[4]) for r in rows]
 
     def object_count(self) -> int:
-        with self._lock:
+        with self._lock, _guard(self.path):
             return int(self._db.execute("SELECT count(*) FROM objects").fetchone()[0])
 
     def query(self, sql: str, params: Iterable[object] = ()) -> list[tuple[Any, ...]]:
@@ -289,20 +380,62 @@ class _Transaction:
     def __enter__(self) -> sqlite3.Connection:
         self._c._lock.acquire()
         try:
-            self._c._db.execute("BEGIN IMMEDIATE")
+            with _guard(self._c.path):
+                self._c._db.execute("BEGIN IMMEDIATE")
         except BaseException:
             self._c._lock.release()
             raise
         return self._c._db
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         try:
-            if exc_type is None:
-                self._c._db.execute("COMMIT")
-            else:
-                self._c._db.execute("ROLLBACK")
+            with _guard(self._c.path):
+                if exc_type is None:
+                    self._c._db.execute("COMMIT")
+                else:
+                    self._c._db.execute("ROLLBACK")
         finally:
             self._c._lock.release()
+        if isinstance(exc, _SQL_ERRORS):  # a statement of the block met a damaged file
+            raise catalog_error(self._c.path, exc) from None
+
+
+def open_for_repair(path: str) -> tuple[Catalog, str | None]:
+    """Opens the catalog for ``rebuild``; a damaged one (it fails to open, or SQLite's
+    integrity check finds problems) is first renamed aside, never deleted, and a new one
+    made, keeping the ``meta`` rows that can still be read (the v-number counter, the
+    active checkpoint, an unfinished restore). Every other table comes back from the packs.
+
+    Returns:
+        The open catalog, and the path the damaged one was renamed to (None if sound).
+    """
+    try:
+        cat = Catalog(path)
+        problems = cat.integrity_problems()
+        if not problems:
+            return cat, None
+        cat.close()
+    except CatalogDamaged:
+        pass
+    meta: list[tuple[str, str]] = []
+    try:
+        old = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            for key, value in old.execute("SELECT key, value FROM meta"):
+                if isinstance(key, str) and isinstance(value, str):
+                    meta.append((key, value))
+        finally:
+            old.close()
+    except _SQL_ERRORS:
+        pass  # nothing readable: recover() derives the counter and the active checkpoint
+    aside = f"{path}.damaged-{int(time.time())}"
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.rename(path + suffix, aside + suffix)
+    cat = Catalog(path)
+    with cat.transaction() as db:
+        db.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", meta)
+    return cat, aside
 
 
 def insert_pack(
@@ -381,11 +514,14 @@ def add_meta_counter(db: sqlite3.Connection, key: str, delta: int) -> None:
 CommitHook = Callable[[sqlite3.Connection], None]
 __all__ = [
     "Catalog",
+    "CatalogDamaged",
     "CommitHook",
     "Located",
     "PackRow",
     "add_meta_counter",
+    "catalog_error",
     "delete_objects_past",
     "delete_packs",
     "insert_pack",
+    "open_for_repair",
 ]

@@ -5,6 +5,13 @@ catalog from the packs alone, and ``stats``.
 file of the recorded size whose table (verified by its hash) lists that object at that
 offset; with ``read_data`` it also re-hashes every pack file against its name and every
 object against its id. Either way it reports a store the group or others may read.
+
+It first runs SQLite's ``integrity_check`` on the catalog (every page, and every index
+against its table), and it never raises for a damaged catalog: each problem is a line in
+``errors``, and ``rebuild_helps`` says when the catalog (not the packs) is at fault, so that
+``store rebuild-catalog`` would repair it. The objects whose bytes cannot be read as the
+catalog says are in ``damaged``, for the checkpoint layer to name what needs them
+(``checkpoints/verify.py``).
 """
 
 from __future__ import annotations
@@ -18,9 +25,10 @@ import blake3
 
 from sprite_env import privacy
 from sprite_env.errors import CorruptPack, StoreError
-from sprite_env.ids import PackName
+from sprite_env.ids import ObjectId, PackName
 from sprite_env.store.catalog import Catalog, insert_pack
 from sprite_env.store.pack import (
+    ENTRY,
     Entry,
     ObjectKind,
     pack_path,
@@ -44,6 +52,16 @@ class CheckReport:
     bytes_read: int = 0
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: Objects the catalog lists whose bytes cannot be read as it says: id -> why.
+    damaged: dict[ObjectId, str] = field(default_factory=dict)
+    #: Every object the catalog lists in a pack row (damaged ones included).
+    listed: set[ObjectId] = field(default_factory=set)
+    #: Objects the tables of orphan packs hold (``rebuild-catalog`` would adopt them).
+    in_orphans: set[ObjectId] = field(default_factory=set)
+    #: The catalog itself is damaged or wrong where the packs are sound.
+    rebuild_helps: bool = False
+    #: The catalog could not even be read to the end: the rest of the check was skipped.
+    catalog_unreadable: bool = False
 
     @property
     def ok(self) -> bool:
@@ -69,24 +87,57 @@ def check(
     """
     report = CheckReport()
     _check_privacy(store, report)
+    problems = store.catalog.integrity_problems()
+    if problems:
+        report.rebuild_helps = True
+        more = f" (and {len(problems) - 5} more)" if problems[5:] else ""
+        shown = "; ".join(problems[:5]) + more
+        report.errors.append(f"catalog: SQLite integrity check failed: {shown}")
+    try:
+        _check_packs(store, read_data, progress, report)
+    except StoreError as e:  # the catalog cannot be read further (CatalogDamaged)
+        report.rebuild_helps = report.catalog_unreadable = True
+        report.errors.append(str(e))
+    return report
+
+
+def _check_packs(
+    store: Store, read_data: bool, progress: Progress | None, report: CheckReport
+) -> None:
     packs = store.catalog.packs()
     known = {p.name for p in packs}
     for fname in sorted(os.listdir(store.packs_dir)):
         if fname.endswith(".pack") and fname[:-5] not in known:
             report.warnings.append(f"pack {fname[:-5]} is not in the catalog (orphan)")
+            _orphan_table(store, PackName(fname[:-5]), report)
     dangling = store.catalog.query(
         "SELECT count(*) FROM objects WHERE pack NOT IN (SELECT id FROM packs)"
     )[0][0]
     if dangling:
+        report.rebuild_helps = True
         report.errors.append(f"{dangling} catalog objects refer to no pack")
     for i, p in enumerate(packs):
         report.packs += 1
         rows = store.catalog.objects_in_pack(p.id)
         report.objects += len(rows)
+        report.listed.update(r.id for r in rows)
         _check_pack(store, p.name, p.size, p.pack_class, rows, read_data, report)
         if progress:
             progress(i + 1, len(packs))
-    return report
+
+
+def _orphan_table(store: Store, name: PackName, report: CheckReport) -> None:
+    try:
+        fd = os.open(pack_path(store.packs_dir, name), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        read_header(fd, name)
+        report.in_orphans.update(e.id for e in read_table(fd, name))
+    except (CorruptPack, OSError):
+        pass  # a damaged orphan: rebuild would scan it, but vouches for nothing here
+    finally:
+        os.close(fd)
 
 
 def _check_privacy(store: Store, report: CheckReport) -> None:
@@ -124,11 +175,16 @@ def _check_pack(
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         report.errors.append(f"pack {name}: missing ({len(rows)} objects lost)")
+        for r in rows:
+            report.damaged[r.id] = f"pack {name} is missing"
         return
     try:
         actual = os.fstat(fd).st_size
         if actual != size:
             report.errors.append(f"pack {name}: size {actual}, catalog says {size} (truncated?)")
+            for r in rows:
+                if r.offset + ENTRY.size + r.stored_len > actual:
+                    report.damaged[r.id] = f"pack {name} ends before it ({actual} bytes)"
         try:
             if read_header(fd, name) != pack_class:
                 report.errors.append(f"pack {name}: class differs from the catalog")
@@ -139,6 +195,9 @@ def _check_pack(
         for r in rows:
             t = table.get(r.id)
             if table and t != r:
+                # the pack's table verified by its hash, so the catalog's row is what is wrong
+                report.rebuild_helps = True
+                report.damaged[r.id] = f"not where the catalog says in pack {name}"
                 report.errors.append(
                     f"pack {name} at offset {r.offset}: object {r.id.hex()[:16]} is not "
                     "where the catalog says"
@@ -151,6 +210,7 @@ def _check_pack(
                 try:
                     store.read_entry(name, r, verify=True)
                 except CorruptPack as e:
+                    report.damaged.setdefault(r.id, str(e))
                     report.errors.append(str(e))
     finally:
         os.close(fd)

@@ -43,6 +43,7 @@ from sprite_env.store.catalog import (
     delete_objects_past,
     delete_packs,
     insert_pack,
+    open_for_repair,
 )
 from sprite_env.store.faults import crashpoint
 from sprite_env.store.pack import (
@@ -123,7 +124,12 @@ class Store:
                     f"{self.path}: catalog.db is missing but {len(packs)} packs exist; "
                     f"run: sprite-env store rebuild-catalog --store {self.path}"
                 )
-            self.catalog = Catalog(catalog_path, readonly=not writable)
+            #: Where ``rebuild`` found a damaged catalog and renamed it (None if sound).
+            self.catalog_set_aside: str | None = None
+            if repair:
+                self.catalog, self.catalog_set_aside = open_for_repair(catalog_path)
+            else:
+                self.catalog = Catalog(catalog_path, readonly=not writable)
             if writable and not repair:
                 self._remove_orphans()
         except BaseException:

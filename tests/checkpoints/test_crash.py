@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from sprite_env.checkpoints import Engine
-from sprite_env.store import check
+from sprite_env.checkpoints.verify import verify_store
 from tests.helpers import trees
 
 SCRIPT = r"""
@@ -83,7 +83,7 @@ def test_kill_during_restore_then_reopen_finishes_it(
             assert len(undo) == 1
             e.restore(undo[0].id)  # and the undo checkpoint really holds state b
             trees.assert_trees_equal(b, root)
-        assert check(e.store, read_data=True).ok
+        assert verify_store(e.store, read_data=True).ok
 
 
 @pytest.mark.parametrize(
@@ -98,7 +98,7 @@ def test_kill_during_create_leaves_no_checkpoint(tmp_path: os.PathLike[str], poi
     assert _run(root, store, "create", "third", point) == -signal.SIGKILL
     with Engine(root, store) as e:
         assert [c.id for c in e.checkpoints(include_auto=True)] == ["v1", "v0"]
-        report = check(e.store, read_data=True)
+        report = verify_store(e.store, read_data=True)
         assert report.ok
         assert not report.warnings
         assert e.create().id == "v2"
@@ -116,7 +116,7 @@ def test_kill_during_delete_is_finished_on_reopen(tmp_path: os.PathLike[str], po
     with Engine(root, store) as e:
         assert [c.id for c in e.checkpoints()] == ["v1"]
         assert e.store.catalog.meta("gc_pending") is None
-        report = check(e.store, read_data=True)
+        report = verify_store(e.store, read_data=True)
         assert report.ok
         assert not report.warnings
         dest = os.path.join(os.fspath(tmp_path), "out")
@@ -144,4 +144,4 @@ def test_kill_while_patching_a_big_file_in_place(tmp_path: os.PathLike[str]) -> 
     with Engine(root, store) as e:
         trees.assert_trees_equal(a, root)
         assert e.active() == "v0"
-        assert check(e.store, read_data=True).ok
+        assert verify_store(e.store, read_data=True).ok

@@ -8,7 +8,8 @@ import sys
 import blake3
 import pytest
 
-from sprite_env.store import check, open_store
+from sprite_env.checkpoints.verify import verify_store
+from sprite_env.store import open_store
 from sprite_env.store.codec import object_id
 
 WRITER = r"""
@@ -64,7 +65,7 @@ def test_kill_during_a_write_loses_nothing(store_dir: str, point: str) -> None:
         on_disk = {f[:-5] for f in os.listdir(s.packs_dir)}
         assert on_disk == {p.name for p in s.catalog.packs()}, "orphan packs left"
         assert os.listdir(s.tmp_dir) == []
-        report = check(s, read_data=True)
+        report = verify_store(s, read_data=True)
         assert report.ok, report
         assert not report.warnings, report
         for i in range(40):  # the first commit is intact
@@ -77,4 +78,4 @@ def test_kill_during_a_write_loses_nothing(store_dir: str, point: str) -> None:
     assert _run(store_dir, "second", None).returncode == 0
     with open_store(store_dir) as s:
         assert all(s.has(object_id(blob("second", i))) for i in range(40))
-        assert check(s, read_data=True).ok
+        assert verify_store(s, read_data=True).ok
