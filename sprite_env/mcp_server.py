@@ -33,6 +33,7 @@ import base64
 import json
 import signal
 import sys
+import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -139,17 +140,31 @@ def _read_file(c: Client, a: Args) -> Result:
         if not (reply.headers.get("content-type") or "").startswith("application/octet-stream"):
             return {"id": a["id"], "path": a["path"], "entry": json.loads(reply.read())}
         data = bytearray()
-        size = 0
         for chunk in file_chunks(reply):
-            size += len(chunk)
-            if len(data) < READ_LIMIT:
-                data += chunk[: READ_LIMIT - len(data)]
-    out: Result = {"id": a["id"], "path": a["path"], "size": size, "truncated": size > len(data)}
-    try:
-        out["text"] = bytes(data).decode("utf-8")
-    except UnicodeDecodeError:
-        out["base64"] = base64.b64encode(data).decode("ascii")
+            data += chunk
+            if len(data) >= READ_LIMIT:  # the rest is never sent on to the agent: stop
+                break
+        length = reply.headers.get("content-length")
+    size = int(length) if length is not None and length.isdigit() else len(data)
+    shown = bytes(data[:READ_LIMIT])
+    out: Result = {"id": a["id"], "path": a["path"], "size": size, "truncated": size > len(shown)}
+    text = _utf8(shown, cut=size > len(shown))
+    if text is not None:
+        out["text"] = text
+    else:
+        out["base64"] = base64.b64encode(shown).decode("ascii")
     return out
+
+
+def _utf8(data: bytes, *, cut: bool) -> str | None:
+    """``data`` as text, or None when it is not UTF-8 (a cut may split the last character:
+    up to 3 bytes of it are dropped)."""
+    for drop in range(4 if cut else 1):
+        try:
+            return data[: len(data) - drop].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return None
 
 
 def _create(c: Client, a: Args) -> Result:
@@ -506,8 +521,13 @@ class McpServer:
             result = await anyio.to_thread.run_sync(spec.run, self._client(), args)
         except ApiError as e:
             return _error(e.code, e.message)
-        except SpriteError as e:  # no daemon answers, a lost job, bad input
-            return _error(getattr(e, "code", None) or "no_daemon", e.message)
+        except DaemonUnavailable as e:  # no daemon answers, or a followed job was lost
+            return _error("no_daemon", e.message)
+        except SpriteError as e:  # bad input caught before sending (an actor, a wait)
+            return _error(getattr(e, "code", None) or "bad_request", e.message)
+        except Exception as e:  # a bug: said to the agent and logged, the server goes on
+            traceback.print_exc(file=sys.stderr)
+            return _error("internal", f"{spec.name} failed: {type(e).__name__}: {e}")
         finally:
             if old is not None:
                 _release_signals(old)

@@ -117,6 +117,9 @@ def test_the_whole_loop_and_its_errors(daemon_factory: Any, tmp_path: Any) -> No
     (root / "app").mkdir(parents=True)
     (root / "app" / "main.py").write_text("print('v1')\n")
     (root / "notes.txt").write_text("keep\n")
+    # 450,000 bytes: past the 256 KiB cut, which falls inside a 3-byte character
+    (root / "big.txt").write_text("€" * 150_000)
+    (root / "blob").write_bytes(b"\xff\x00\xfe")
     d = daemon_factory()
 
     async def main() -> None:
@@ -137,6 +140,13 @@ def test_the_whole_loop_and_its_errors(daemon_factory: Any, tmp_path: Any) -> No
             old = await call(s, "checkpoint_read_file", id=cid, path="/app/main.py")
             assert old["text"] == "print('v1')\n"
             assert old["truncated"] is False
+            big = await call(s, "checkpoint_read_file", id=cid, path="/big.txt")
+            assert big["size"] == 450_000
+            assert big["truncated"] is True
+            assert big["text"] == "€" * (256 * 1024 // 3)  # the split character dropped
+            blob = await call(s, "checkpoint_read_file", id=cid, path="/blob")
+            assert blob["base64"] == "/wD+"
+            assert "text" not in blob
             listing = await call(s, "checkpoint_read_file", id=cid, path="/app")
             assert "entry" in listing
             preview = await call(s, "checkpoint_preview_restore", id=cid)
