@@ -284,7 +284,8 @@ class Catalog:
 
     def integrity_problems(self) -> list[str]:
         """Runs ``PRAGMA integrity_check`` (every page, every index against its table:
-        about 1 s per 100 MB of catalog) and returns its problem lines, ``[]`` when sound.
+        0.40 s for a 69 MB catalog of 600k objects) and returns its problem lines, ``[]``
+        when sound.
         Never raises for damage: an error of the check itself is its one problem line."""
         try:
             with self._reader() as db:
