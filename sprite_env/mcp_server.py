@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
-import mcp_types as types
+import mcp_types as mt
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
@@ -79,17 +79,17 @@ class ToolSpec:
     description: str
     properties: dict[str, Any]
     required: tuple[str, ...]
-    annotations: types.ToolAnnotations
+    annotations: mt.ToolAnnotations
     run: Callable[[Client, Args], Result]
 
-    def tool(self) -> types.Tool:
+    def tool(self) -> mt.Tool:
         schema: dict[str, Any] = {
             "type": "object",
             "properties": self.properties,
             "required": list(self.required),
             "additionalProperties": False,
         }
-        return types.Tool(
+        return mt.Tool(
             name=self.name,
             description=self.description,
             input_schema=schema,
@@ -98,9 +98,9 @@ class ToolSpec:
         )
 
 
-def _hints(*, read_only: bool, destructive: bool, idempotent: bool) -> types.ToolAnnotations:
+def _hints(*, read_only: bool, destructive: bool, idempotent: bool) -> mt.ToolAnnotations:
     # Every tool acts on this machine's layer and store only: a closed world.
-    return types.ToolAnnotations(
+    return mt.ToolAnnotations(
         read_only_hint=read_only,
         destructive_hint=destructive,
         idempotent_hint=idempotent,
@@ -359,9 +359,9 @@ def _check_args(spec: ToolSpec, args: Args) -> str | None:
     return None
 
 
-def _error(code: str, message: str) -> types.CallToolResult:
-    return types.CallToolResult(
-        content=[types.TextContent(text=f"{code}: {message}")],
+def _error(code: str, message: str) -> mt.CallToolResult:
+    return mt.CallToolResult(
+        content=[mt.TextContent(text=f"{code}: {message}")],
         structured_content={"code": code, "message": message},
         is_error=True,
     )
@@ -408,7 +408,7 @@ class McpServer:
             on_call_tool=self._call_tool,
         )
         self.server.add_notification_handler(
-            "notifications/initialized", types.NotificationParams, self._initialized
+            "notifications/initialized", mt.NotificationParams, self._initialized
         )
 
     # -- who and when ----------------------------------------------------------------------
@@ -464,7 +464,7 @@ class McpServer:
             _log(f"session checkpoint {done.get('id')} (before {who} session)")
 
     async def _initialized(
-        self, ctx: ServerRequestContext[Any], params: types.NotificationParams
+        self, ctx: ServerRequestContext[Any], params: mt.NotificationParams
     ) -> None:
         await self._session_start(ctx)
 
@@ -480,14 +480,14 @@ class McpServer:
         ]
 
     async def _list_tools(
-        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-    ) -> types.ListToolsResult:
+        self, ctx: ServerRequestContext[Any], params: mt.PaginatedRequestParams | None
+    ) -> mt.ListToolsResult:
         # Listing waits for no session checkpoint (a client may time out its start-up,
         # and a create scans the whole layer): only tool calls wait for it.
         self._learn_client(ctx)
         if self._has_base is None and self.scope == "full":
             self._has_base = await anyio.to_thread.run_sync(self._base_image)
-        return types.ListToolsResult(tools=[t.tool() for t in self.offered()])
+        return mt.ListToolsResult(tools=[t.tool() for t in self.offered()])
 
     def _base_image(self) -> bool | None:
         try:
@@ -497,8 +497,8 @@ class McpServer:
             return None
 
     async def _call_tool(
-        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+        self, ctx: ServerRequestContext[Any], params: mt.CallToolRequestParams
+    ) -> mt.CallToolResult:
         await self._session_start(ctx)
         spec = _BY_NAME.get(params.name)
         if spec is None:
@@ -531,8 +531,8 @@ class McpServer:
         finally:
             if old is not None:
                 _release_signals(old)
-        return types.CallToolResult(
-            content=[types.TextContent(text=json.dumps(result))], structured_content=result
+        return mt.CallToolResult(
+            content=[mt.TextContent(text=json.dumps(result))], structured_content=result
         )
 
     async def run(self) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import mcp_types as types
+import mcp_types as mt
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
@@ -50,7 +50,7 @@ async def session(
     # (the server's stderr needs a real file: pytest's captured one has no descriptor)
     with open(os.devnull, "w") as errlog:  # noqa: ASYNC230
         async with stdio_client(params, errlog=errlog) as (read, write):
-            info = types.Implementation(name=name, version=version)
+            info = mt.Implementation(name=name, version=version)
             async with ClientSession(read, write, client_info=info) as s:
                 await s.initialize()
                 yield s
@@ -67,7 +67,7 @@ async def call(s: ClientSession, tool: str, **args: Any) -> dict[str, Any]:
     assert isinstance(r.structured_content, dict)
     # the text says the same as the structured content
     first = r.content[0]
-    assert isinstance(first, types.TextContent)
+    assert isinstance(first, mt.TextContent)
     assert json.loads(first.text) == r.structured_content
     return r.structured_content
 
