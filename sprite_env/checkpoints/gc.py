@@ -14,14 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from sprite_env.errors import SpriteError
 from sprite_env.ids import ObjectId
 from sprite_env.snapshot.tree import Kind, decode_chunks, decode_tree
-
-if TYPE_CHECKING:
-    from sprite_env.store import Store
 
 ReadObject = Callable[[ObjectId], bytes]
 
@@ -120,7 +116,8 @@ def reach(read: ReadObject, checkpoints: Iterable[tuple[str, ObjectId]]) -> Reac
     damage: see the module docstring.
 
     A subtree shared by several checkpoints is read once, so an unreadable object is
-    named with the first checkpoint that met it (``verify`` checks each one apart).
+    named with the first checkpoint that met it (``verify.verify_store`` names every
+    checkpoint and path that needs it).
     """
     out = Reachability()
     for cid, top in checkpoints:
@@ -130,28 +127,3 @@ def reach(read: ReadObject, checkpoints: Iterable[tuple[str, ObjectId]]) -> Reac
 
         _mark_from(read, top, out.live, note)
     return out
-
-
-def verify(store: Store) -> tuple[int, list[str]]:
-    """Checks that every checkpoint's trees, chunk lists and chunks are in the catalog.
-
-    Returns:
-        The number of objects the checkpoints reach, and one error line per problem.
-    """
-    errors: list[str] = []
-    reached: set[ObjectId] = set()
-    rows = store.catalog.query("SELECT id, top_tree, record FROM checkpoints ORDER BY id")
-    for cid, top, record in rows:
-        try:
-            objs = mark(store.read, [ObjectId(bytes(top))])
-        except SpriteError as e:
-            errors.append(f"checkpoint {cid}: {e}")
-            continue
-        objs.add(ObjectId(bytes(record)))
-        missing = [o for o in objs - reached if not store.has(o)]
-        if missing:
-            errors.append(
-                f"checkpoint {cid}: {len(missing)} objects missing (first {missing[0].hex()})"
-            )
-        reached |= objs
-    return len(reached), errors

@@ -262,10 +262,10 @@ class _Walker:
                 return self.memo[tree]
             return (tree, entries, [0], [])
 
-        def join(parent: bytes, name: bytes, sub: bytes) -> bytes:
-            base = name if parent in (b"", b".") else parent + b"/" + name
-            if base == b".":
-                base = b""
+        def join(name: bytes, sub: bytes) -> bytes:
+            """``sub`` (relative to the directory ``name``) relative to its parent; the top
+            tree's one entry ``.`` is the root, which adds nothing."""
+            base = b"" if name == b"." else name
             return base + (b"/" + sub if sub and base else sub)
 
         first = enter(top)
@@ -281,7 +281,7 @@ class _Walker:
                 if stack:
                     (_, pentries, pidx, pfound), _ = stack[-1]
                     name = pentries[pidx[0]].name
-                    pfound.extend(join(b"", name, p) for p in found)
+                    pfound.extend(join(name, p) for p in found)
                     pidx[0] += 1
                 else:
                     result = found
@@ -290,12 +290,12 @@ class _Walker:
             if ent.kind is Kind.DIR:
                 sub = enter(ObjectId(ent.subtree))
                 if isinstance(sub, list):
-                    found.extend(join(b"", ent.name, p) for p in sub)
+                    found.extend(join(ent.name, p) for p in sub)
                     idx[0] += 1
                 else:
                     stack.append((sub, ent.name))
                 continue
             if ent.kind is Kind.FILE and self._file_lost(ent.payload, ent.indirect):
-                found.append(join(b"", ent.name, b""))
+                found.append(join(ent.name, b""))
             idx[0] += 1
         return result

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sqlite3
 from typing import TYPE_CHECKING
 
 import pytest
 
 from sprite_env.checkpoints import Engine
-from sprite_env.checkpoints.gc import verify
+from sprite_env.checkpoints.verify import verify_store
 from sprite_env.errors import StoreError
 from sprite_env.ids import ObjectId
 from sprite_env.snapshot.tree import decode_tree
@@ -75,8 +74,8 @@ def _store_check(store_dir: str, *, read_data: bool = True) -> dict[str, object]
 
 
 def _problems(store: Store) -> list[str]:
-    """What ``store check --read-data`` says of an open store (the same two halves)."""
-    return check(store, read_data=True).errors + verify(store)[1]
+    """What ``store check --read-data`` says of an open store."""
+    return verify_store(store, read_data=True).errors
 
 
 # -- point 3: a collection that cannot finish --------------------------------------------
@@ -147,7 +146,7 @@ def test_deleting_the_damaged_checkpoint_lets_the_collection_finish(
     assert engine.store.catalog.meta("gc_pending") is None
     report = check(engine.store, read_data=True)
     assert report.ok, report.errors
-    assert verify(engine.store)[1] == []
+    assert verify_store(engine.store).affected == []
 
 
 def test_a_collection_interrupted_then_blocked_by_damage_does_not_fail_the_open(
@@ -365,7 +364,7 @@ def test_a_lost_pack_of_an_old_checkpoint_is_reported_and_the_new_one_is_healthy
     trees.assert_trees_equal(layer, os.path.join(base, "v1"), check_root_meta=False)
     errors = _problems(engine.store)
     assert len(errors) == 1, errors
-    assert re.match(r"checkpoint v0: \d+ objects missing", errors[0])
+    assert errors[0] == "checkpoint v0: 1 paths need damaged or missing objects: gone.bin"
     engine.create("v2")
     assert engine.delete("v1").problems == []  # v0's trees are fine: marking completes
     assert [c.id for c in engine.checkpoints()] == ["v2", "v0"]
@@ -390,7 +389,7 @@ def test_a_truncated_pack_loses_only_what_is_past_its_end(
     trees.assert_trees_equal(layer, os.path.join(base, "v1"), check_root_meta=False)
     _export(engine, "v0", os.path.join(base, "v0"))  # the same chunks: whole again
     trees.assert_trees_equal(layer, os.path.join(base, "v0"), check_root_meta=False)
-    assert verify(engine.store)[1] == []
+    assert verify_store(engine.store).affected == []
     errors = check(engine.store).errors  # the truncated pack itself is still reported
     assert errors
     assert all(data in e for e in errors), errors
@@ -416,7 +415,7 @@ def test_a_create_does_not_dedup_against_an_object_a_read_found_corrupt(
     trees.assert_trees_equal(layer, os.path.join(base, "v2"), check_root_meta=False)
     assert engine.delete("v1").problems == []
     assert check(engine.store, read_data=True).ok
-    assert verify(engine.store)[1] == []
+    assert verify_store(engine.store).affected == []
 
 
 # -- the daemon --------------------------------------------------------------------------
