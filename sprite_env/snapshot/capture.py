@@ -769,6 +769,8 @@ class Capturer:
         try:
             entry, st_after = self._read_file(fd, rel, name, link, pieces)
         except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):  # the store's disk, not this file
+                raise
             raise CaptureFailed(rel, e) from e
         finally:
             os.close(fd)
