@@ -16,6 +16,7 @@ import grp
 import json
 import logging
 import os
+import re
 import signal
 import stat
 import time
@@ -66,6 +67,11 @@ log = logging.getLogger("sprite_env.daemon")
 MAX_CACHED_ANSWERS = 256
 #: An ``{"auto": true}`` request is satisfied by an automatic checkpoint this recent.
 RECENT_AUTO_S = 600
+#: Automatic checkpoints an agent session starts from ("before <client> session", as
+#: ``sprite-env mcp`` and the README's hook take them): the newest KEEP_SESSIONS are
+#: always kept by retention.
+SESSION_COMMENT = re.compile(r"before .+ session")
+KEEP_SESSIONS = 5
 
 
 class DaemonRunning(SpriteError):
@@ -664,15 +670,14 @@ class Daemon:
         nor ``keep``: the undo point of the restore just done)."""
 
         def prune() -> list[str]:
-            autos = [
-                (c.id, c.create_time_ns)
-                for c in self.engine.checkpoints(include_auto=True)
-                if c.is_auto
-            ]
-            active = self.engine.active()
-            plan = plan_retention(
-                autos, self.config.retention, protect={c for c in (active, keep) if c}
-            )
+            cps = [c for c in self.engine.checkpoints(include_auto=True) if c.is_auto]
+            autos = [(c.id, c.create_time_ns) for c in cps]
+            # The points an agent session started from are kept, the newest few of them,
+            # whatever else the policy drops (issue 13: CalmAPI keeps five).
+            sessions = [c.id for c in cps if SESSION_COMMENT.fullmatch(c.comment)]
+            protect = {c for c in (self.engine.active(), keep) if c}
+            protect.update(sessions[:KEEP_SESSIONS])  # newest first
+            plan = plan_retention(autos, self.config.retention, protect=protect)
             if plan.drop:
                 self.engine.delete_many(plan.drop)
                 for cid in plan.drop:
