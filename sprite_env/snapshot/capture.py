@@ -48,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fnmatch
+import functools
 import os
 import stat
 import sys
@@ -1000,35 +1001,27 @@ def capture(
         The top tree's id, counters, warnings, the files-cache rows to write, and which
         walk it took (``walk``, ``walk_reason``) with the memo for the next hint.
     """
-    reason = ""
-    if hint is not None:
-        try:
-            r = Capturer(
-                os.fsencode(root),
-                sink,
-                read_tree,
-                cache if cache is not None else {},  # not ``or``: a view's len reads all
-                excludes=excludes,
-                progress=progress,
-                hint=hint,
-                reread=reread,
-            ).run()
-            if on_warning is not None:  # told once the walk is final (it may start again)
-                for w in r.warnings:
-                    on_warning(w)
-            return r
-        except NewLinkGroup as e:
-            reason = str(e)  # what it stored is kept (content-addressed); warnings are not
-    r = Capturer(
+    capturer = functools.partial(
+        Capturer,
         os.fsencode(root),
         sink,
         read_tree,
         cache if cache is not None else {},  # not ``or``: a view's len reads all
         excludes=excludes,
         progress=progress,
-        on_warning=on_warning,
         reread=reread,
-    ).run()
+    )
+    reason = ""
+    if hint is not None:
+        try:
+            r = capturer(hint=hint).run()
+            if on_warning is not None:  # told once the walk is final (it may start again)
+                for w in r.warnings:
+                    on_warning(w)
+            return r
+        except NewLinkGroup as e:
+            reason = str(e)  # what it stored is kept (content-addressed); warnings are not
+    r = capturer(on_warning=on_warning).run()
     r.walk_reason = reason
     return r
 
