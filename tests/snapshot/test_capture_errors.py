@@ -7,8 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -16,6 +15,9 @@ from sprite_env.checkpoints import Engine
 from sprite_env.snapshot.capture import CaptureFailed
 from sprite_env.store import check
 from tests.helpers.daemon import write_file
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 def _failing(real: Callable[..., Any], name: str, err: int) -> Callable[..., Any]:
