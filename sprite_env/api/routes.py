@@ -1,43 +1,42 @@
-"""The API's endpoints: parse and check the request, call the daemon, shape the answer.
+"""The API's endpoints: parse and check the request, call the backend, shape the answer.
 
 Everything a client can get wrong is caught here and answered with a problem (see
 ``problems.py``): unknown paths and methods, ill-formed ids, malformed or oversized JSON,
-unknown fields, wrong types. The daemon's methods see only checked values.
+unknown fields, wrong types. The backend (``backend.py``: the daemon, or a test's fake)
+sees only checked values. The route table declares each endpoint's query, body and answer
+(``table.py``, in the words of ``shapes.py``): the router checks requests against it and
+``GET /v1/openapi.json`` is written from it.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, unquote_to_bytes
 
-import trio
-
 from sprite_env.actor import clean_actor
+from sprite_env.api import openapi, shapes
 from sprite_env.api.pacing import Pacer
 from sprite_env.api.problems import Problem
 from sprite_env.api.server import Request, Response, StreamResponse
+from sprite_env.api.table import EVENTS, FILE, Answer, Operation, Param, Route
 from sprite_env.checkpoints.registry import validate_id
 from sprite_env.errors import UserError
 from sprite_env.services import validate_name
 
 if TYPE_CHECKING:
-    from sprite_env.daemon.service import Daemon
-
-Answer = Response | StreamResponse
-Endpoint = Callable[[Request, dict[str, str]], Awaitable[Answer]]
-
-_ID = r"(?P<id>[^/]+)"
+    from sprite_env.api.backend import Backend, JobHandle
 
 
 def json_response(value: Any, status: int = 200) -> Response:
     return Response(status, json.dumps(value).encode() + b"\n")
 
 
-def _body(req: Request, allowed: dict[str, type]) -> dict[str, Any]:
-    """The request's JSON object (empty body: {}), with only ``allowed`` fields and types."""
+def _body(req: Request, shape: Any) -> dict[str, Any]:
+    """The request's JSON object (empty body: {}), with only the fields of ``shape`` (a
+    ``shapes`` request TypedDict), each of its type."""
+    allowed = shapes.field_types(shape)
     if not req.body.strip():
         return {}
     try:
@@ -59,8 +58,6 @@ def _body(req: Request, allowed: dict[str, type]) -> dict[str, Any]:
     return value
 
 
-#: ``/v1/checkpoints/{id}/files/{path}``: the path may hold slashes (and be empty: the root).
-_FILES = re.compile(rf"/v1/checkpoints/{_ID}/files(?P<path>(?:/.*)?)")
 #: Paths one request may name, and the length of each (PATH_MAX).
 MAX_PATHS = 1000
 MAX_PATH = 4096
@@ -127,52 +124,190 @@ def _utf8(header: str | None) -> str | None:
         return header
 
 
+_FILES_ROUTE = "/v1/checkpoints/{id}/files/{path}"
+_FLAG = {"type": "string", "enum": ["true", "false", "1", "0", "yes", "no", ""]}
+_ID_PARAM = {"type": "string"}
+_COUNT = {"type": "string", "pattern": "^[0-9]{1,18}$"}
+
+
 class Router:
     """Maps ``(method, path)`` to an endpoint; 404 for unknown paths, 405 for methods."""
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
-        self.pacer = Pacer(lambda: daemon.jobs.running is not None)
-        self.routes: list[tuple[re.Pattern[str], dict[str, Endpoint]]] = [
-            (re.compile(r"/v1/status"), {"GET": self.status}),
-            (re.compile(r"/v1/checkpoints"), {"GET": self.list}),
-            (re.compile(r"/v1/checkpoint"), {"POST": self.create}),
-            (re.compile(rf"/v1/checkpoints/{_ID}"), {"GET": self.info, "DELETE": self.delete}),
-            (re.compile(rf"/v1/checkpoints/{_ID}/restore"), {"POST": self.restore}),
-            (
-                re.compile(rf"/v1/checkpoints/{_ID}/preview"),
-                {"GET": self.preview, "POST": self.preview},
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.pacer = Pacer(backend.busy)
+        op, b = Operation, shapes
+        self.routes: list[Route] = [
+            Route("/v1/status", {"GET": op(self.status, "the daemon's state", b.Status)}),
+            Route(
+                "/v1/openapi.json",
+                {"GET": op(self.openapi, "this document (OpenAPI 3.1)", dict[str, Any])},
             ),
-            (_FILES, {"GET": self.files}),
-            (re.compile(rf"/v1/checkpoints/{_ID}/export"), {"POST": self.export}),
-            (re.compile(rf"/v1/checkpoints/{_ID}/diff"), {"GET": self.diff}),
-            (re.compile(r"/v1/reset"), {"POST": self.reset}),
-            (re.compile(r"/v1/activity"), {"GET": self.activity}),
-            (re.compile(r"/v1/jobs/(?P<n>[^/]+)"), {"GET": self.job}),
-            (re.compile(r"/v1/jobs/(?P<n>[^/]+)/events"), {"GET": self.job_events}),
-            (re.compile(r"/v1/services"), {"GET": self.services}),
-            (re.compile(r"/v1/services/(?P<name>[^/]+)/start"), {"POST": self.service_start}),
-            (re.compile(r"/v1/services/(?P<name>[^/]+)/stop"), {"POST": self.service_stop}),
-            (re.compile(r"/v1/services/(?P<name>[^/]+)/logs"), {"GET": self.service_logs}),
+            Route(
+                "/v1/checkpoints",
+                {
+                    "GET": op(
+                        self.list,
+                        "the checkpoints, newest first",
+                        list[b.Checkpoint],
+                        query=(
+                            Param("include_auto", _FLAG, "also the automatic checkpoints"),
+                            Param("includeAuto", _FLAG, "include_auto, as Sprites spells it"),
+                            Param("history", _ID_PARAM, "only this one and its descendants"),
+                        ),
+                    )
+                },
+            ),
+            Route(
+                "/v1/checkpoint",
+                {
+                    "POST": op(
+                        self.create,
+                        "take a checkpoint (goes on if the client leaves)",
+                        EVENTS,
+                        body=b.CreateRequest,
+                    )
+                },
+            ),
+            Route(
+                "/v1/checkpoints/{id}",
+                {
+                    "GET": op(self.info, "one checkpoint", b.Checkpoint),
+                    "DELETE": op(
+                        self.delete,
+                        "delete a checkpoint and free its space (not the active one)",
+                        b.DeleteReport,
+                        query=(Param("dry_run", _FLAG, "only say what it would free"),),
+                    ),
+                },
+            ),
+            Route(
+                "/v1/checkpoints/{id}/restore",
+                {
+                    "POST": op(
+                        self.restore,
+                        "restore the layer (or only paths) as in the checkpoint, after an "
+                        "undo checkpoint",
+                        EVENTS,
+                        status=202,
+                        body=b.RestoreRequest,
+                    )
+                },
+            ),
+            Route(
+                "/v1/checkpoints/{id}/preview",
+                {
+                    "GET": op(self.preview, "what a restore would change", b.Preview),
+                    "POST": op(
+                        self.preview,
+                        "what a restore of paths would change",
+                        b.Preview,
+                        body=b.PreviewRequest,
+                    ),
+                },
+            ),
+            Route(
+                _FILES_ROUTE,
+                {"GET": op(self.files, "a path as in the checkpoint", FILE, query=())},
+            ),
+            Route(
+                "/v1/checkpoints/{id}/export",
+                {
+                    "POST": op(
+                        self.export,
+                        "write the checkpoint (or paths) into a new directory",
+                        EVENTS,
+                        status=202,
+                        body=b.ExportRequest,
+                    )
+                },
+            ),
+            Route(
+                "/v1/checkpoints/{id}/diff",
+                {
+                    "GET": op(
+                        self.diff,
+                        "what changed from the checkpoint to another or the live layer",
+                        b.Diff,
+                        query=(Param("against", _ID_PARAM, "the other checkpoint"),),
+                    )
+                },
+            ),
+            Route(
+                "/v1/reset",
+                {
+                    "POST": op(
+                        self.reset,
+                        "the layer back to its base image, after an undo checkpoint",
+                        EVENTS,
+                        status=202,
+                        body=b.ResetRequest,
+                    )
+                },
+            ),
+            Route(
+                "/v1/activity",
+                {
+                    "GET": op(
+                        self.activity,
+                        "the activity log, newest first",
+                        list[b.ActivityEntry],
+                        query=(
+                            Param("limit", _COUNT, "at most this many (1 to 10000; 100)"),
+                            Param("action", {"type": "string"}, "only this action"),
+                        ),
+                    )
+                },
+            ),
+            Route("/v1/jobs/{n}", {"GET": op(self.job, "a job", b.Job)}),
+            Route(
+                "/v1/jobs/{n}/events",
+                {"GET": op(self.job_events, "a job's events, from the first", EVENTS)},
+            ),
+            Route(
+                "/v1/services", {"GET": op(self.services, "the environment's services", b.Services)}
+            ),
+            Route(
+                "/v1/services/{name}/start",
+                {"POST": op(self.service_start, "start a service", dict[str, Any])},
+            ),
+            Route(
+                "/v1/services/{name}/stop",
+                {"POST": op(self.service_stop, "stop a service", dict[str, Any])},
+            ),
+            Route(
+                "/v1/services/{name}/logs",
+                {
+                    "GET": op(
+                        self.service_logs,
+                        "a service's last lines",
+                        b.ServiceLogs,
+                        query=(Param("lines", _COUNT, "how many (1 to 100000; 100)"),),
+                    )
+                },
+            ),
         ]
+        self._document: bytes | None = None
 
     async def handle(self, req: Request) -> Answer:
         await self.pacer.admit()
         path = req.path.rstrip("/") or "/"
-        for pattern, methods in self.routes:
-            m = pattern.fullmatch(path)
+        for route in self.routes:
+            m = route.pattern.fullmatch(path)
             if m is None:
                 continue
             # HEAD is GET without the body (the server leaves the body out).
-            endpoint = methods.get("GET" if req.method == "HEAD" else req.method)
-            if endpoint is None:
-                allowed = ", ".join(sorted(methods))
+            operation = route.methods.get("GET" if req.method == "HEAD" else req.method)
+            if operation is None:
+                allowed = ", ".join(sorted(route.methods))
                 problem = Problem(
                     "method_not_allowed", f"{req.method} not allowed on {path}; use {allowed}"
                 )
                 return Response(405, problem.body(), headers=[("allow", allowed)])
+            if operation.query is not None:
+                _check_query(req, {p.name for p in operation.query})
             # Segments are decoded after matching: "..%2Fetc" is one (invalid) id, not a path.
-            return await endpoint(req, {k: unquote(v) for k, v in m.groupdict().items()})
+            return await operation.run(req, {k: unquote(v) for k, v in m.groupdict().items()})
         raise Problem(
             "unknown_path", f"no endpoint {unquote(path)}; see GET /v1/status and llm.txt"
         )
@@ -187,22 +322,26 @@ class Router:
     # -- endpoints -------------------------------------------------------------------------
 
     async def status(self, req: Request, _: dict[str, str]) -> Answer:
-        return json_response(await self.daemon.status())
+        return json_response(await self.backend.status())
+
+    async def openapi(self, req: Request, _: dict[str, str]) -> Answer:
+        if self._document is None:  # the same for the daemon's life: written once
+            self._document = json.dumps(openapi.document(self.routes)).encode() + b"\n"
+        return Response(200, self._document)
 
     async def list(self, req: Request, _: dict[str, str]) -> Answer:
-        _check_query(req, {"include_auto", "includeAuto", "history"})
         history = req.query.get("history") or None
         if history is not None:
             _id(history)
         include_auto = _flag(req, "include_auto", "includeAuto")
-        return Response(200, await self.daemon.checkpoints_json(include_auto, history))
+        return Response(200, await self.backend.checkpoints_json(include_auto, history))
 
     async def info(self, req: Request, p: dict[str, str]) -> Answer:
-        return Response(200, await self.daemon.info_json(_id(p["id"])))
+        return Response(200, await self.backend.info_json(_id(p["id"])))
 
     async def create(self, req: Request, _: dict[str, str]) -> Answer:
-        body = _body(req, {"comment": str, "auto": bool, "reason": str, "created_by": str})
-        job = await self.daemon.create(
+        body = _body(req, shapes.CreateRequest)
+        job = await self.backend.create(
             body.get("comment") or "",
             self._actor(req, body),
             auto=bool(body.get("auto")),
@@ -211,74 +350,70 @@ class Router:
         return StreamResponse(200, job.stream())
 
     async def restore(self, req: Request, p: dict[str, str]) -> Answer:
-        body = _body(req, {"created_by": str, "paths": list})
+        body = _body(req, shapes.RestoreRequest)
         paths = _paths(body)
         if paths:  # only those files or subtrees (issue 10, point 5)
-            job = await self.daemon.restore_paths(_id(p["id"]), paths, self._actor(req, body))
+            job = await self.backend.restore_paths(_id(p["id"]), paths, self._actor(req, body))
             return StreamResponse(202, job.stream())
-        job = await self.daemon.restore(_id(p["id"]), self._actor(req, body))
+        job = await self.backend.restore(_id(p["id"]), self._actor(req, body))
         return StreamResponse(202, job.stream())
 
     async def reset(self, req: Request, _: dict[str, str]) -> Answer:
-        body = _body(req, {"created_by": str})
-        job = await self.daemon.reset(self._actor(req, body))
+        body = _body(req, shapes.ResetRequest)
+        job = await self.backend.reset(self._actor(req, body))
         return StreamResponse(202, job.stream())
 
     async def delete(self, req: Request, p: dict[str, str]) -> Answer:
-        _check_query(req, {"dry_run"})
         dry = req.query.get("dry_run", "false")
         if dry not in ("true", "false", "1", "0"):
             raise Problem("bad_request", f"dry_run must be true or false, not {dry!r}")
         return json_response(
-            await self.daemon.delete(_id(p["id"]), self._actor(req), dry_run=dry in ("true", "1"))
+            await self.backend.delete(_id(p["id"]), self._actor(req), dry_run=dry in ("true", "1"))
         )
 
     async def preview(self, req: Request, p: dict[str, str]) -> Answer:
-        paths = _paths(_body(req, {"paths": list})) if req.method == "POST" else []
+        paths = _paths(_body(req, shapes.PreviewRequest)) if req.method == "POST" else []
         if paths:
             cid = _id(p["id"])
-            return json_response(await self.daemon.preview_paths(cid, paths, self._actor(req)))
-        return json_response(await self.daemon.preview(_id(p["id"]), self._actor(req)))
+            return json_response(await self.backend.preview_paths(cid, paths, self._actor(req)))
+        return json_response(await self.backend.preview(_id(p["id"]), self._actor(req)))
 
     async def files(self, req: Request, p: dict[str, str]) -> Answer:
         """A file's bytes (``application/octet-stream`` with its Content-Length), or the
         JSON of any other entry (a directory with its entries)."""
-        _check_query(req, set())
+        # The raw bytes of the path: a name need not be UTF-8 (unquote would replace it).
         m = _FILES.fullmatch(req.path.rstrip("/"))
         assert m is not None  # the router matched it
-        # The raw bytes of the path: a name need not be UTF-8 (unquote would replace it).
         path = unquote_to_bytes(m.group("path")) or b"/"
-        got = await self.daemon.read_path(_id(p["id"]), path)
+        got = await self.backend.read_path(_id(p["id"]), path)
         if isinstance(got, dict):
             return json_response(got)
         return StreamResponse(200, got.blocks, "application/octet-stream", length=got.size)
 
     async def export(self, req: Request, p: dict[str, str]) -> Answer:
-        body = _body(req, {"dest": str, "paths": list, "created_by": str})
+        body = _body(req, shapes.ExportRequest)
         dest = body.get("dest")
         if not dest:
             raise Problem("bad_request", "field 'dest' (an absolute directory) is required")
-        job = await self.daemon.export(
+        job = await self.backend.export(
             _id(p["id"]), dest, _paths(body), self._actor(req, body), uid=req.peer_uid
         )
         return StreamResponse(202, job.stream())
 
     async def diff(self, req: Request, p: dict[str, str]) -> Answer:
-        _check_query(req, {"against"})
         against = req.query.get("against") or None
         if against is not None:
             _id(against)
-        return json_response(await self.daemon.diff(_id(p["id"]), against, self._actor(req)))
+        return json_response(await self.backend.diff(_id(p["id"]), against, self._actor(req)))
 
     async def activity(self, req: Request, _: dict[str, str]) -> Answer:
-        _check_query(req, {"limit", "action"})
         limit = _number(req.query.get("limit", "100"), "limit", 1, 10_000)
-        entries = await self.daemon.activity_entries(limit, req.query.get("action") or None)
+        entries = await self.backend.activity_entries(limit, req.query.get("action") or None)
         return json_response(entries)
 
-    def _job(self, raw: str) -> Any:
+    def _job(self, raw: str) -> JobHandle:
         number = _number(raw, "the job number", 1, 10**18 - 1)
-        job = self.daemon.jobs.get(number)
+        job = self.backend.job(number)
         if job is None:
             raise Problem("not_found", f"no job {number} (finished jobs are kept for a while)")
         return job
@@ -292,20 +427,18 @@ class Router:
     # -- services --------------------------------------------------------------------------
 
     async def services(self, req: Request, _: dict[str, str]) -> Answer:
-        sup = self.daemon.env.supervisor
-        await sup.reload()
-        return json_response({"services": sup.status(), "errors": sup.definition_errors})
+        return json_response(await self.backend.services())
 
     async def service_start(self, req: Request, p: dict[str, str]) -> Answer:
-        return json_response(await self.daemon.env.supervisor.start(validate_name(p["name"])))
+        return json_response(await self.backend.service_start(validate_name(p["name"])))
 
     async def service_stop(self, req: Request, p: dict[str, str]) -> Answer:
-        return json_response(await self.daemon.env.supervisor.stop(validate_name(p["name"])))
+        return json_response(await self.backend.service_stop(validate_name(p["name"])))
 
     async def service_logs(self, req: Request, p: dict[str, str]) -> Answer:
-        _check_query(req, {"lines"})
         count = _number(req.query.get("lines", "100"), "lines", 1, 100_000)
-        name = validate_name(p["name"])
-        sup = self.daemon.env.supervisor
-        lines = await trio.to_thread.run_sync(sup.logs, name, count)
-        return json_response({"name": name, "lines": lines})
+        return json_response(await self.backend.service_logs(validate_name(p["name"]), count))
+
+
+#: The files route's pattern: the path's raw bytes are read from it (see ``files``).
+_FILES = Route(_FILES_ROUTE, {}).pattern

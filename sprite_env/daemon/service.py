@@ -22,12 +22,13 @@ import stat
 import time
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
 from sprite_env import __version__, privacy, statelock
-from sprite_env.api import events
+from sprite_env.api import events, shapes
+from sprite_env.api.backend import FileBytes
 from sprite_env.api.server import Limits, serve_unix
 from sprite_env.checkpoints import Engine
 from sprite_env.checkpoints.engine import CHECK_HINT, RestoreFailed
@@ -47,7 +48,6 @@ from sprite_env.overlay import Overlay, freeze
 from sprite_env.overlay.freeze import FreezeReport
 from sprite_env.services import Supervisor
 from sprite_env.snapshot import plan
-from sprite_env.snapshot.diff import totals
 from sprite_env.snapshot.paths import entry_json, show
 from sprite_env.snapshot.tree import Kind
 from sprite_env.store.check import stats as store_stats
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import AsyncIterator, Callable, Iterator
 
+    from sprite_env.api.backend import JobHandle
     from sprite_env.api.events import Event
     from sprite_env.checkpoints.registry import Checkpoint
     from sprite_env.fuse.operations import ViewOperations
@@ -160,7 +161,13 @@ class Daemon:
 
     # -- reads (concurrent with jobs: the catalog's readers see committed rows) ------------
 
-    async def status(self) -> dict[str, Any]:
+    def busy(self) -> bool:
+        return self.jobs.running is not None
+
+    def job(self, number: int) -> JobHandle | None:
+        return self.jobs.get(number)
+
+    async def status(self) -> shapes.Status:
         running = self.jobs.running
         return {
             "version": __version__,
@@ -170,7 +177,7 @@ class Daemon:
             "store": self.config.store_dir,
             "started": self.started,
             "active": await trio.to_thread.run_sync(self.engine.active),
-            "job": running.to_json() if running else None,
+            "job": cast("shapes.Job", running.to_json()) if running else None,
             "queued": self.jobs.queued(),
             "mount": self.config.mountpoint if self.view is not None else None,
             # What a reset goes back to; None: no base image, so no reset.
@@ -215,7 +222,7 @@ class Daemon:
             self._answers[key] = value
         return value
 
-    async def diff(self, a: str, b: str | None, actor: str) -> dict[str, Any]:
+    async def diff(self, a: str, b: str | None, actor: str) -> shapes.Diff:
         base = self._base_image()
         if b is not None:  # two checkpoints: only the store is read, no need to queue
             diffs = await trio.to_thread.run_sync(lambda: self.engine.diff(a, b, base_image=base))
@@ -230,7 +237,7 @@ class Daemon:
             return events.complete(job.id, "Diff done", id=a, diff=_diff_json(a, None, diffs))
 
         job = self.jobs.submit("diff", a, actor, body)
-        return _wait_result(await _finished(job), "diff")
+        return cast("shapes.Diff", _wait_result(await _finished(job), "diff"))
 
     async def preview(self, cid: str, actor: str) -> dict[str, Any]:
         await trio.to_thread.run_sync(self.engine.info, cid)
@@ -256,6 +263,23 @@ class Daemon:
 
     async def activity_entries(self, limit: int, action: str | None) -> list[dict[str, Any]]:
         return await trio.to_thread.run_sync(lambda: self.activity.entries(limit, action))
+
+    # -- the environment's services --------------------------------------------------------
+
+    async def services(self) -> shapes.Services:
+        sup = self.env.supervisor
+        await sup.reload()
+        return {"services": sup.status(), "errors": sup.definition_errors}
+
+    async def service_start(self, name: str) -> dict[str, Any]:
+        return await self.env.supervisor.start(name)
+
+    async def service_stop(self, name: str) -> dict[str, Any]:
+        return await self.env.supervisor.stop(name)
+
+    async def service_logs(self, name: str, lines: int) -> shapes.ServiceLogs:
+        sup = self.env.supervisor
+        return {"name": name, "lines": await trio.to_thread.run_sync(sup.logs, name, lines)}
 
     # -- jobs ------------------------------------------------------------------------------
 
@@ -714,14 +738,6 @@ class Daemon:
             self.view.refresh()
 
 
-@dataclass
-class FileBytes:
-    """A file of a checkpoint being sent: its size, then its bytes as they are read."""
-
-    size: int
-    blocks: AsyncIterator[bytes]
-
-
 #: Bytes read per trip to a worker thread while a file is sent (one chunk is ~64 KiB).
 SEND_BLOCK = 1 << 20
 
@@ -769,17 +785,9 @@ def _pause_json(r: FreezeReport) -> dict[str, Any]:
     return {"seconds": round(r.seconds, 6), "processes": len(r.frozen), "method": r.method}
 
 
-def _change_json(d: Counted) -> dict[str, Any]:
-    return d.to_json()
-
-
-def _diff_json(a: str, b: str | None, diffs: list[Counted]) -> dict[str, Any]:
-    """What changed from ``a`` to ``b``: per path ``change`` (added, removed, modified,
-    meta) and the ``entries`` it stands for; ``counts`` sums entries per change, recursively
-    (an added directory of 50 files is 51 added)."""
-    counts = {c.value: n for c, n in totals(diffs).items() if n}
-    changes = [_change_json(d) for d in diffs]
-    return {"from": a, "to": b or "live", "counts": counts, "changes": changes}
+def _diff_json(a: str, b: str | None, diffs: list[Counted]) -> shapes.Diff:
+    """What changed from ``a`` to ``b`` (``shapes.Diff``, as the offline CLI says it)."""
+    return shapes.diff(a, b, [cast("shapes.DiffEntry", d.to_json()) for d in diffs])
 
 
 # -- running ---------------------------------------------------------------------------------
