@@ -134,6 +134,19 @@ class Preview(TypedDict):
     changes: list[PreviewStep]
 
 
+class DeleteReport(TypedDict):
+    """What a delete freed (or, ``dry_run``, would free); ``problems``: damage met."""
+
+    id: str | None
+    ids: list[str]
+    bytes_freed: int
+    objects_removed: int
+    packs_deleted: int
+    packs_written: int
+    problems: list[str]
+    dry_run: bool
+
+
 class InfoEvent(TypedDict):
     """A human line about a job (``data``); some carry more (``undo``, ``ends_sessions``)."""
 
@@ -141,6 +154,8 @@ class InfoEvent(TypedDict):
     time: str
     job: NotRequired[int]
     data: str
+    undo: NotRequired[str | None]
+    ends_sessions: NotRequired[bool]
 
 
 class ProgressEvent(TypedDict):
@@ -161,6 +176,16 @@ class CompleteEvent(TypedDict):
     job: NotRequired[int]
     data: str
     id: NotRequired[str | None]
+    checkpoint: NotRequired[Checkpoint]
+    undo: NotRequired[str | None]
+    noop: NotRequired[bool]
+    skipped: NotRequired[bool]
+    paths: NotRequired[list[str]]
+    stats: NotRequired[dict[str, Any]]
+    diff: NotRequired[Diff]
+    preview: NotRequired[Preview]
+    report: NotRequired[DeleteReport]
+    dest: NotRequired[str]
 
 
 class ErrorEvent(TypedDict):
@@ -210,19 +235,6 @@ class Status(TypedDict):
     auto_interval_s: float
     max_checkpoints: int
     store_usage: dict[str, Any]
-
-
-class DeleteReport(TypedDict):
-    """What a delete freed (or, ``dry_run``, would free); ``problems``: damage met."""
-
-    id: str | None
-    ids: list[str]
-    bytes_freed: int
-    objects_removed: int
-    packs_deleted: int
-    packs_written: int
-    problems: list[str]
-    dry_run: bool
 
 
 class ActivityEntry(TypedDict):
