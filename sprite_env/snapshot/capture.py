@@ -362,6 +362,7 @@ class Capturer:
             self._root_dev = st.st_dev
             if self.hint is not None and self.hint.memo.root_ino != st.st_ino:
                 raise NewLinkGroup("the layer's root directory was replaced")
+            self._prefetch()
             kept = self._reuse(b"")
             subtree = kept if kept is not None else self._dir(fd, b"")[0]
             top = TreeEntry(
@@ -397,11 +398,16 @@ class Capturer:
         # only those rows' old children are looked at (not the whole cache: 15 ms of a
         # 90 ms no-change checkpoint on 18k directories).
         gone = set()
+        known = self.hint.memo.totals  # every directory of the last walk: in memory
         for rel in self.cache_changed:
             old = self.cache.get(rel)
             for name in old.sigs() if old is not None else ():
                 p = _join(rel, name)
-                if p in self.cache and p not in self.visited and p not in self.kept:
+                if p in self.visited or p in self.kept:
+                    continue
+                # a name that was no directory at the last walk has no row of its own:
+                # not asked (60k lookups of files after the benchmark's agent step)
+                if p in known and p in self.cache:
                     gone.add(p)
         totals = {**self.hint.memo.totals, **self.totals}
         if gone:
@@ -417,6 +423,16 @@ class Capturer:
             walk="journal",
             memo=memo,
         )
+
+    def _prefetch(self) -> None:
+        """With a hint, reads at once the files-cache rows the walk will look up: the
+        directories it walks and their subdirectories as of the last walk (1,130 walked
+        directories after the benchmark's agent step: 5.5k rows, one query per 500)."""
+        prefetch = getattr(self.cache, "prefetch", None)
+        if self.hint is None or prefetch is None:
+            return
+        walk = self._walk
+        prefetch([*walk, *(p for p in self.hint.memo.totals if p and _parent(p) in walk)])
 
     def _warn(self, rel: bytes, message: str, code: str = "unreadable") -> None:
         w = CaptureWarning(rel, message, code)

@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 RACY_NS = 50_000_000
 _ROW = struct.Struct("<HQqQq")
 _SUM_HEAD = struct.Struct("<III")
+#: Paths per ``IN (...)`` query of :meth:`CacheView.prefetch` (SQLite allows 32,766).
+_BATCH = 500
 log = logging.getLogger(__name__)
 Sig = tuple[int, int, int, int]  # ino, ctime_ns, size, mtime_ns
 #: ctime of a poisoned signature: matches no stat, but the inode is kept (a file changed in
@@ -100,10 +102,16 @@ def _sound(path: bytes, tree: bytes, stat: bytes, total: int | None) -> bool:
     return total is None or total == row_sum(path, tree, stat)
 
 
-def _rows(catalog: Catalog, where: str = "", params: tuple[bytes, ...] = ()) -> list[Any]:
+def _rows(
+    catalog: Catalog, where: str = "", params: tuple[bytes, ...] = (), schema: int | None = None
+) -> list[Any]:
     """``(path, tree, stat, sum)`` rows; ``sum`` is NULL in a catalog opened read-only
-    before a writable open migrated it to schema 4."""
-    total = "sum" if catalog.schema_version() >= 4 else "NULL"
+    before a writable open migrated it to schema 4. ``schema``: the catalog's version if
+    the caller knows it (asking costs a statement on the writer's connection, which waits
+    while the encoder thread inserts: 0.56 s over 60k lookups in one capture)."""
+    if schema is None:
+        schema = catalog.schema_version()
+    total = "sum" if schema >= 4 else "NULL"
     return catalog.query(f"SELECT path, tree, stat, {total} FROM dircache {where}", params)
 
 
@@ -193,24 +201,43 @@ class CacheView(Mapping[bytes, CachedDir]):
 
     def __init__(self, catalog: Catalog) -> None:
         self._catalog = catalog
+        self._schema = catalog.schema_version()
         self._rows: dict[bytes, CachedDir | None] = {}
         self._all: dict[bytes, CachedDir] | None = None
+
+    def prefetch(self, paths: Iterable[bytes]) -> None:
+        """Reads the rows of ``paths`` (those not read yet) in a few queries: a walk that
+        knows which directories it will look up (the journal's dirty ones and their
+        subdirectories) pays about 2 us a row instead of 18."""
+        if self._all is not None:
+            return
+        want = [p for p in paths if p not in self._rows]
+        for i in range(0, len(want), _BATCH):
+            part = want[i : i + _BATCH]
+            marks = ",".join("?" * len(part))
+            q = _rows(self._catalog, f"WHERE path IN ({marks})", tuple(part), self._schema)
+            self._take(part, q)
+
+    def _take(self, asked: list[bytes], q: list[Any]) -> None:
+        bad = []
+        for p, t, s, total in q:
+            path, tree, stat = bytes(p), bytes(t), bytes(s)
+            if _sound(path, tree, stat, total):
+                self._rows[path] = CachedDir(ObjectId(tree), stat)
+            else:
+                self._rows[path] = None
+                bad.append((path, total))
+        for path in asked:
+            self._rows.setdefault(path, None)
+        if bad:
+            _drop(self._catalog, bad)
 
     def __getitem__(self, path: bytes) -> CachedDir:
         if self._all is not None:
             return self._all[path]
-        if path in self._rows:
-            row = self._rows[path]
-        else:
-            q = _rows(self._catalog, "WHERE path=?", (path,))
-            row = None
-            if q:
-                tree, stat, total = bytes(q[0][1]), bytes(q[0][2]), q[0][3]
-                if _sound(path, tree, stat, total):
-                    row = CachedDir(ObjectId(tree), stat)
-                else:
-                    _drop(self._catalog, [(path, total)])
-            self._rows[path] = row
+        if path not in self._rows:
+            self._take([path], _rows(self._catalog, "WHERE path=?", (path,), self._schema))
+        row = self._rows[path]
         if row is None:
             raise KeyError(path)
         return row
