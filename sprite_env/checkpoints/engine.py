@@ -399,20 +399,25 @@ class Engine:
                 history, parent_tree = [parent, *pcp.history], pcp.top_tree
             except registry.UnknownCheckpoint:
                 history = [parent]
-        with open_epoch(self.journal) as ep, self.store.writer() as w:
-            cache = _files_cache(self.store, ep)
+        # The epoch begins inside the pause: its hint then names every directory changed up
+        # to the moment the writers stopped (during the first pass, what the prewarm did not
+        # see), so the frozen walk reads only those. Begun before the pause, a change made
+        # between the two would be left to the next epoch: the checkpoint would miss it.
+        # The packs are finished after the pause: the writers need not wait for the disk.
+        with open_epoch(self.journal, deferred=True) as ep, self.store.writer() as w:
             with pause() if pause is not None else contextlib.nullcontext():
+                ep.begin()
                 r = capture(
                     self.root,
                     w,
                     self.store.read,
-                    cache,
+                    _files_cache(self.store, ep),
                     excludes=self.excludes,
                     progress=(lambda s: progress("capture", s)) if progress else None,
                     hint=ep.hint,
                     reread=ep.reread,
                 )
-                w.flush()
+            w.flush()
             walk = ep.walked(r)
             if (skip_unchanged and r.top_tree == parent_tree) or r.top_tree == skip_if:
                 w.commit(lambda db: _save_cache(db, r))
@@ -443,6 +448,12 @@ class Engine:
         runs before taking its environment down for a restore, so that the undo
         checkpoint taken while it is down reads only what changed since. Returns the
         bytes it stored."""
+        return self._store_live(progress)[1]
+
+    def _store_live(self, progress: Progress | None) -> tuple[CaptureResult, int]:
+        """:meth:`prewarm`'s capture: journal-driven where a journal runs, its trees and
+        data stored (so its top tree can be read and diffed like a checkpoint's until the
+        next collection), its files cache committed. Returns it and the bytes it stored."""
         self._forget_lost()
         with open_epoch(self.journal) as ep, self.store.writer() as w:
             r = capture(
@@ -456,9 +467,9 @@ class Engine:
                 reread=ep.reread,
             )
             w.flush()
-            ep.walked(r)
+            r.walk, r.walk_reason = ep.walked(r)
             w.commit(lambda db: _save_cache(db, r))
-            return w.stats.bytes_stored
+            return r, w.stats.bytes_stored
 
     # -- compare ---------------------------------------------------------------------------
 
@@ -598,10 +609,18 @@ class Engine:
             with self.store.catalog.transaction() as db:
                 registry.set_meta(db, "active", cid)
 
-    def check_restore(self, cid: str) -> bool:
-        """Checks, without changing anything, that ``restore(cid)`` can be done now: room
-        on the layer's file system, and every object it will read present and intact
-        (those are remembered, so the restore that follows does not read them again).
+    def check_restore(self, cid: str, progress: Progress | None = None) -> bool:
+        """Checks, changing nothing on the layer nor in the checkpoints, that
+        ``restore(cid)`` can be done now: room on the layer's file system, and every object
+        it will read present and intact (those are remembered, so the restore that follows
+        does not read them again).
+
+        The live side is a :meth:`prewarm`: journal-driven where a journal runs, so the
+        check walks only the directories changed since the last capture and reads only the
+        files changed there; what it stores makes the undo checkpoint of the restore that
+        follows read only what changed after it (a host takes its environment down in
+        between). The diff with the target skips equal subtrees, so the check, like the
+        restore, costs in proportion to the difference (issue 11, point 6).
 
         Returns:
             False when the layer already equals ``cid`` (the restore would change nothing).
@@ -612,10 +631,10 @@ class Engine:
             preflight.CheckpointDamaged: a damaged object, named with its path.
         """
         target = self.registry.get(cid)
-        live, sink = self._capture_live()
+        live, _ = self._store_live(progress)
         if live.top_tree == target.top_tree:
             return False
-        self._preflight(cid, target.top_tree, live.top_tree, sink.read)
+        self._preflight(cid, target.top_tree, live.top_tree, self.store.read)
         return True
 
     def _preflight(
@@ -955,25 +974,43 @@ class Engine:
         return RestoreReport(cid, undo.id, res.stats, res.warnings, paths=texts)
 
     def check_restore_paths(
-        self, cid: str, paths: list[str], *, base_image: str | None = None
+        self,
+        cid: str,
+        paths: list[str],
+        *,
+        base_image: str | None = None,
+        progress: Progress | None = None,
     ) -> bool:
         """:meth:`check_restore` for :meth:`restore_paths`: False when those paths already
-        are as in ``cid``; raises what ``restore_paths`` would, before anything changes."""
-        top, live_top, sink = self._grafted_live(cid, paths, base_image)
+        are as in ``cid``; raises what ``restore_paths`` would, before anything changes.
+        Its live side is a :meth:`prewarm`, as for :meth:`check_restore`."""
+        top, live_top, sink = self._grafted_live(
+            cid, paths, base_image, stored=True, progress=progress
+        )
         if top == live_top:
             return False
         self._preflight(cid, top, live_top, sink.read)
         return True
 
     def _grafted_live(
-        self, cid: str, paths: list[str], base_image: str | None
+        self,
+        cid: str,
+        paths: list[str],
+        base_image: str | None,
+        *,
+        stored: bool = False,
+        progress: Progress | None = None,
     ) -> tuple[ObjectId, ObjectId, HashOnlySink]:
-        """A hash-only capture of the live layer, and its top with ``paths`` as in ``cid``:
-        what a path restore would make of it. Returns (that top, the live top, the sink
-        that holds both)."""
+        """A capture of the live layer (hash-only; ``stored``: a :meth:`prewarm`), and its
+        top with ``paths`` as in ``cid``: what a path restore would make of it. Returns
+        (that top, the live top, the sink that holds the grafted trees and reads both)."""
         target = self.registry.get(cid)
         chosen = self._chosen(cid, target.top_tree, paths, live=True, base_image=base_image)
-        live, sink = self._capture_live()
+        if stored:
+            live, _ = self._store_live(progress)
+            sink = HashOnlySink(self.store)
+        else:
+            live, sink = self._capture_live()
         top = graft(
             sink.read,
             lambda d: sink.put(d, ObjectKind.TREE),

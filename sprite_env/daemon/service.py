@@ -354,12 +354,14 @@ class Daemon:
 
         async def body(job: Job) -> Event:
             job.info(f"Restoring from checkpoint {cid}...")
-            await self._prewarm(job)
             # Before anything stops: the target (it may have been deleted while this job
             # waited), room and intact data, and whether there is anything to do at all.
             # A restore that cannot be done, or need not be, bounces no service and, under
-            # an overlay, ends no session (issue 10).
-            if not await trio.to_thread.run_sync(self.engine.check_restore, cid):
+            # an overlay, ends no session (issue 10). The check stores what changed (a
+            # prewarm, journal-driven), so the undo checkpoint taken once the environment
+            # is down reads only what changed after it (issue 11, point 6).
+            progress = job.progress_from_thread()
+            if not await trio.to_thread.run_sync(self.engine.check_restore, cid, progress):
                 await trio.to_thread.run_sync(self.engine.set_active, cid)
                 await self._record("restore", cid, actor, True, "already there: nothing to do")
                 return events.complete(
@@ -560,9 +562,11 @@ class Daemon:
 
         async def body(job: Job) -> Event:
             job.info(f"Restoring {shown} from checkpoint {cid}...")
-            await self._prewarm(job)
-            if not await trio.to_thread.run_sync(
-                lambda: self.engine.check_restore_paths(cid, paths, base_image=base)
+            progress = job.progress_from_thread()
+            if not await trio.to_thread.run_sync(  # a prewarm too, as for a whole restore
+                lambda: self.engine.check_restore_paths(
+                    cid, paths, base_image=base, progress=progress
+                )
             ):
                 await self._record("restore", cid, actor, True, f"{shown}: already as in {cid}")
                 return events.complete(
@@ -633,7 +637,9 @@ class Daemon:
 
     async def _prewarm(self, job: Job) -> None:
         """Stores what changed while the environment still runs: the undo checkpoint,
-        taken once it is down, then reads only what changed since (less downtime)."""
+        taken once it is down, then reads only what changed since (less downtime). A
+        restore's check does the same (``Engine.check_restore``); a reset, which has no
+        check, calls this."""
         if self.env.overlay is not None:
             await trio.to_thread.run_sync(self.engine.prewarm, job.progress_from_thread())
 

@@ -455,6 +455,15 @@ class Epoch:
         self.plan = plan
         self.memo: WalkMemo | None = None
 
+    def begin(self) -> None:
+        """Begins the epoch of an :func:`open_epoch` block opened with ``deferred``: call it
+        right before the capture's walk (inside a pause, so that the walk's hint names
+        everything changed up to the moment the writers stopped)."""
+        if self.plan is not None:
+            raise RuntimeError("Epoch.begin: the epoch has begun already")
+        if self.journal is not None:
+            self.plan = self.journal.begin()
+
     @property
     def hint(self) -> WalkHint | None:
         return self.plan.hint if self.plan is not None else None
@@ -476,19 +485,26 @@ class Epoch:
 
 
 @contextlib.contextmanager
-def open_epoch(journal: ChangeJournal | None) -> Iterator[Epoch]:
+def open_epoch(journal: ChangeJournal | None, *, deferred: bool = False) -> Iterator[Epoch]:
     """Brackets one capture that writes the files cache: begins the journal's epoch, and
     commits it if the block ends normally after :meth:`Epoch.walked` (put the catalog
     commit inside the block), or aborts it (the next walk is full). With no journal, a
-    plain full walk."""
-    plan = journal.begin() if journal is not None else None
-    ep = Epoch(journal, plan)
+    plain full walk.
+
+    Args:
+        deferred: the block calls :meth:`Epoch.begin` itself, later (the frozen pass of a
+            create begins its epoch inside the pause, yet commits after it).
+    """
+    ep = Epoch(journal, None)
+    if not deferred:
+        ep.begin()
     try:
         yield ep
     except BaseException:
-        if journal is not None and plan is not None:
-            journal.abort(plan)
+        if journal is not None and ep.plan is not None:
+            journal.abort(ep.plan)
         raise
+    plan = ep.plan
     if journal is not None and plan is not None:
         if ep.memo is None:
             journal.abort(plan, "a capture ended without a result")

@@ -148,9 +148,10 @@ class Restorer:
                 self._apply_meta_fd(self._root_fd, target)
             if live is not None and root_news(live, target):
                 self.stats.meta += 1
+            written_ns = time.time_ns()  # no entry changes after this
             syncfs(self._root_fd)  # one flush for the whole restore, not one per file
             if self.refresh_cache:
-                self._refresh_cache()
+                self._refresh_cache(written_ns)
         finally:
             self._writers.shutdown(wait=True, cancel_futures=True)
             os.close(self._root_fd)
@@ -521,9 +522,13 @@ class Restorer:
 
     # -- files cache -----------------------------------------------------------------------
 
-    def _refresh_cache(self) -> None:
-        """Records what was just written, so the next capture reads none of it again."""
-        time.sleep(dircache.RACY_NS / 1e9)  # let the restore's own timestamps age
+    def _refresh_cache(self, written_ns: int) -> None:
+        """Records what was just written (until ``written_ns``), so the next capture reads
+        none of it again."""
+        # Let the restore's own timestamps age past the racy window (else their signatures
+        # are poisoned and the next capture reads them all again); the syncfs already took
+        # part of the 50 ms, and an undo restore is down for all of them.
+        time.sleep(max(0, written_ns + dircache.RACY_NS - time.time_ns()) / 1e9)
         now = time.time_ns()
         for rel, tree in self._synced:
             try:

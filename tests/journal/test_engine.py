@@ -3,10 +3,12 @@ prewarms keep the journal's epochs honest."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import time
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -18,6 +20,9 @@ from sprite_env.journal import Journal
 from sprite_env.snapshot.capture import capture
 from sprite_env.store import open_store
 from tests.helpers.daemon import write_file
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 def _tree(layer: str) -> None:
@@ -134,6 +139,17 @@ def test_a_failed_capture_makes_the_next_walk_full(layer: str, tmp_path: os.Path
 
         with pytest.raises(Boom):
             e.create(pause=pause)  # type: ignore[arg-type]
+        # The freeze failed before the frozen pass began its epoch (it begins inside the
+        # pause): only the prewarm's epoch ran, and it committed.
+        assert e.create().walk == "journal"
+
+        @contextlib.contextmanager
+        def thaw_fails() -> Iterator[None]:
+            yield
+            raise Boom  # after the frozen walk, inside its epoch
+
+        with pytest.raises(Boom):
+            e.create(pause=thaw_fails)
         nxt = e.create()
         assert nxt.walk == "full"
         assert "did not finish" in nxt.walk_reason
