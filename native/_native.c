@@ -14,6 +14,7 @@
 
 #include "dirscan.h"
 #include "fastcdc.h"
+#include "treescan.h"
 
 /* Below this many bytes the scan is too short to be worth a GIL round trip. */
 #define RELEASE_GIL_MIN_BYTES 8192
@@ -210,8 +211,187 @@ out:
     return result;
 }
 
+PyDoc_STRVAR(scan_tree_doc,
+"scan_tree(fd, now_ns, racy_ns, root_dev, rows, exclude_inodes, patterns, threads, /)\n"
+"--\n"
+"\n"
+"Walk the tree below the directory open at fd on `threads` threads and compare\n"
+"every directory's signature blob (scan_dir()'s) with rows[path] (bytes by path,\n"
+"b'' the root). exclude_inodes is a sequence of (st_dev, st_ino), patterns a\n"
+"sequence of bytes (fnmatchcase over the relative path).\n"
+"\n"
+"Returns (dirty, totals): the paths of the directories that differ from their row\n"
+"or that the walk cannot vouch for, and for every directory with nothing dirty at\n"
+"or below it, its subtree's (files, dirs, symlinks, specials, bytes). The GIL is\n"
+"released meanwhile. Raises OSError if the root cannot be read.");
+
+/* Holds a new reference to every bytes object the walk borrows. */
+struct held {
+    PyObject **refs;
+    size_t count;
+};
+
+static void hold(struct held *h, PyObject *o)
+{
+    Py_INCREF(o);
+    h->refs[h->count++] = o;
+}
+
+static void release_held(struct held *h)
+{
+    for (size_t i = 0; i < h->count; i++) {
+        Py_DECREF(h->refs[i]);
+    }
+    PyMem_Free(h->refs);
+}
+
+static PyObject *scan_tree_result(const struct treescan_result *r)
+{
+    PyObject *dirty = PyList_New(0), *totals = PyDict_New(), *result = NULL;
+    if (dirty == NULL || totals == NULL) {
+        goto out;
+    }
+    for (size_t i = 0; i < r->count; i++) {
+        const struct treescan_dir *d = r->dirs[i];
+        if (!d->dirty && !d->clean) {
+            continue; /* an ancestor of a dirty directory: walked, nothing to say */
+        }
+        PyObject *path = PyBytes_FromStringAndSize(d->path, (Py_ssize_t)d->path_len);
+        if (path == NULL) {
+            goto out;
+        }
+        int rc;
+        if (d->dirty) {
+            rc = PyList_Append(dirty, path);
+        } else {
+            PyObject *t = Py_BuildValue("(KKKKK)", (unsigned long long)d->files,
+                                        (unsigned long long)d->dirs,
+                                        (unsigned long long)d->symlinks,
+                                        (unsigned long long)d->specials,
+                                        (unsigned long long)d->bytes);
+            rc = t == NULL ? -1 : PyDict_SetItem(totals, path, t);
+            Py_XDECREF(t);
+        }
+        Py_DECREF(path);
+        if (rc != 0) {
+            goto out;
+        }
+    }
+    result = PyTuple_Pack(2, dirty, totals);
+out:
+    Py_XDECREF(dirty);
+    Py_XDECREF(totals);
+    return result;
+}
+
+static PyObject *native_scan_tree(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int fd, threads;
+    long long now_ns, racy_ns;
+    unsigned long long root_dev;
+    PyObject *rows, *inodes_arg, *patterns_arg;
+    if (!PyArg_ParseTuple(args, "iLLKO!OOi:scan_tree", &fd, &now_ns, &racy_ns, &root_dev,
+                          &PyDict_Type, &rows, &inodes_arg, &patterns_arg, &threads)) {
+        return NULL;
+    }
+    PyObject *inodes = PySequence_Fast(inodes_arg, "exclude_inodes must be a sequence");
+    PyObject *patterns = PySequence_Fast(patterns_arg, "patterns must be a sequence");
+    struct treescan_cache *cache = NULL;
+    uint64_t *inos = NULL;
+    const char **pats = NULL;
+    size_t *pat_lens = NULL;
+    struct held held = {NULL, 0};
+    struct treescan_result r = {NULL, 0};
+    PyObject *result = NULL;
+    if (inodes == NULL || patterns == NULL) {
+        goto out;
+    }
+    Py_ssize_t n_rows = PyDict_Size(rows), n_inos = PySequence_Fast_GET_SIZE(inodes);
+    Py_ssize_t n_pats = PySequence_Fast_GET_SIZE(patterns);
+    held.refs = PyMem_Malloc(sizeof(PyObject *) * (size_t)(2 * n_rows + n_pats + 1));
+    inos = PyMem_Malloc(sizeof(uint64_t) * (size_t)(2 * n_inos + 1));
+    pats = PyMem_Malloc(sizeof(char *) * (size_t)(n_pats + 1));
+    pat_lens = PyMem_Malloc(sizeof(size_t) * (size_t)(n_pats + 1));
+    cache = treescan_cache_new((size_t)n_rows);
+    if (held.refs == NULL || inos == NULL || pats == NULL || pat_lens == NULL || cache == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(rows, &pos, &key, &value)) {
+        if (!PyBytes_Check(key) || !PyBytes_Check(value)) {
+            PyErr_SetString(PyExc_TypeError, "rows must map bytes to bytes");
+            goto out;
+        }
+        hold(&held, key);
+        hold(&held, value);
+        if (treescan_cache_put(cache, PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key),
+                               (const uint8_t *)PyBytes_AS_STRING(value),
+                               (size_t)PyBytes_GET_SIZE(value)) != 0) {
+            PyErr_NoMemory();
+            goto out;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n_inos; i++) {
+        unsigned long long dev, ino;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(inodes, i), "KK:exclude_inodes", &dev,
+                              &ino)) {
+            goto out;
+        }
+        inos[2 * i] = (uint64_t)dev;
+        inos[2 * i + 1] = (uint64_t)ino;
+    }
+    for (Py_ssize_t i = 0; i < n_pats; i++) {
+        PyObject *p = PySequence_Fast_GET_ITEM(patterns, i);
+        if (!PyBytes_Check(p)) {
+            PyErr_SetString(PyExc_TypeError, "patterns must be bytes");
+            goto out;
+        }
+        hold(&held, p);
+        pats[i] = PyBytes_AS_STRING(p);
+        pat_lens[i] = (size_t)PyBytes_GET_SIZE(p);
+    }
+    struct treescan_params params = {
+        .now_ns = (int64_t)now_ns,
+        .racy_ns = (int64_t)racy_ns,
+        .root_dev = (uint64_t)root_dev,
+        .exclude_inodes = inos,
+        .n_exclude_inodes = (size_t)n_inos,
+        .patterns = pats,
+        .pattern_lens = pat_lens,
+        .n_patterns = (size_t)n_pats,
+        .cache = cache,
+        .threads = threads,
+    };
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = treescan(fd, &params, &r);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        errno = -rc;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto out;
+    }
+    result = scan_tree_result(&r);
+out:
+    treescan_free(&r);
+    treescan_cache_free(cache);
+    if (held.refs != NULL) {
+        release_held(&held);
+    }
+    PyMem_Free(inos);
+    PyMem_Free(pats);
+    PyMem_Free(pat_lens);
+    Py_XDECREF(inodes);
+    Py_XDECREF(patterns);
+    return result;
+}
+
 static PyMethodDef native_methods[] = {
     {"scan_dir", native_scan_dir, METH_VARARGS, scan_dir_doc},
+    {"scan_tree", native_scan_tree, METH_VARARGS, scan_tree_doc},
     {"cut_points", (PyCFunction)(void (*)(void))native_cut_points,
      METH_VARARGS | METH_KEYWORDS, cut_points_doc},
     {"gear_table", native_gear_table, METH_NOARGS, gear_table_doc},

@@ -1,5 +1,6 @@
 """Typed stub of the C extension ``sprite_env._native`` (see native/_native.c)."""
 
+from collections.abc import Sequence
 from typing import Final
 
 from typing_extensions import Buffer
@@ -33,4 +34,32 @@ def scan_dir(
 
     Raises:
         OSError: listing or a stat failed (a vanished child is skipped).
+    """
+
+def scan_tree(
+    fd: int,
+    now_ns: int,
+    racy_ns: int,
+    root_dev: int,
+    rows: dict[bytes, bytes],
+    exclude_inodes: Sequence[tuple[int, int]],
+    patterns: Sequence[bytes],
+    threads: int,
+    /,
+) -> tuple[list[bytes], dict[bytes, tuple[int, int, int, int, int]]]:
+    """Walks the whole tree below ``fd`` on ``threads`` threads (GIL released), comparing
+    each directory's ``scan_dir`` blob with ``rows[path]`` (``b""`` the root).
+
+    Mount points, excluded inodes ``(st_dev, st_ino)`` and paths matching a pattern
+    without ``[`` (``fnmatchcase`` over the relative path) are not descended into.
+
+    Returns:
+        The directories that differ from their row or cannot be vouched for (no row, a
+        socket, a mount point, a hard link, a racy or excluded child, an error), and for
+        every directory with none of those at or below it, its subtree's counts (files,
+        dirs, symlinks, specials, bytes of files).
+
+    Raises:
+        OSError: the root could not be read (any other problem makes a directory dirty).
+        TypeError: rows not bytes to bytes, a pattern not bytes.
     """

@@ -1,0 +1,153 @@
+"""The full walk against ``find`` (issue 11.4): a capture that the change journal cannot
+narrow (a daemon start, an overflow, no journal), warm, with a warm files cache and no
+change, side by side with ``find`` on the same tree.
+
+Per layer (the small and medium layers of ../shared/bench, ``make_dataset.sh``; each is
+copied once with ``cp -a`` into the scratch directory, never touched where it lies):
+
+- a first capture into a store of its own fills the files cache (not timed);
+- then ``--reps`` rounds, the tools alternating in each round (so noise hits all alike):
+  ``find L > /dev/null`` (lists directories, stats only those: the bar of the goal),
+  ``find L -printf '%i %s %T@ %C@ %m\\n' > /dev/null`` (a stat of every entry, as
+  bench_checkpoints.py's stat walk), the capture with the native walk (``scan_tree``,
+  then the hint-driven walk of what it could not vouch for), and the capture as it was
+  before (``_scan_tree`` off: one ``scan_dir`` call per directory from Python).
+
+The capture is ``capture()`` with a hash-only sink and the files cache already loaded
+(``dircache.load``, timed apart: a checkpoint pays it too). Prints best-of and median
+times, and the ratios of the best times against ``find``. Run as any user who can read the
+layers: ``.venv/bin/python benchmarks/bench_walk.py [--reps 9] [--out FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from sprite_env.checkpoints.hashonly import HashOnlySink
+from sprite_env.snapshot import capture as capture_mod
+from sprite_env.snapshot import dircache
+from sprite_env.snapshot.capture import capture
+from sprite_env.store import open_store
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+BENCH_DATA = os.environ.get("BENCH_DATA", "/tmp/bench-data")
+
+
+def _layer(profile: str, scratch: str) -> str:
+    dest = os.path.join(scratch, profile)
+    if not os.path.isdir(dest):
+        src = os.path.join(BENCH_DATA, profile)
+        if not os.path.exists(src + ".done"):
+            sys.exit(f"no {src}.done: build it with ../shared/bench/make_dataset.sh")
+        subprocess.run(["cp", "-a", src, dest + ".tmp"], check=True)
+        os.rename(dest + ".tmp", dest)
+    return dest
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def _find(*args: str) -> Callable[[], object]:
+    return lambda: subprocess.run(["find", *args], stdout=subprocess.DEVNULL, check=True)
+
+
+def bench(profile: str, scratch: str, reps: int) -> dict[str, object]:
+    layer = _layer(profile, scratch)
+    store_dir = os.path.join(scratch, f"store-{profile}")
+    fresh = not os.path.isdir(store_dir)
+    store = open_store(store_dir, create=fresh)
+    try:
+        with store.writer() as w:  # fills (or refreshes) the files cache
+            r = capture(layer, w, store.read, dircache.load(store.catalog))
+            w.flush()
+            w.commit(lambda db: dircache.save(db, r.cache_changed, r.cache_removed))
+        t = time.perf_counter()
+        cache = dircache.load(store.catalog)
+        load_s = time.perf_counter() - t
+
+        def walk(native: bool) -> Callable[[], object]:
+            def run() -> object:
+                saved = capture_mod._scan_tree
+                if not native:
+                    capture_mod._scan_tree = None
+                try:
+                    sink = HashOnlySink(store)
+                    res = capture(layer, sink, sink.read, cache)
+                finally:
+                    capture_mod._scan_tree = saved
+                assert res.stats.files_read == 0, "the layer changed during the benchmark"
+                return res
+
+            return run
+
+        tools = {
+            "find": _find(layer),
+            "find -printf stat": _find(layer, "-printf", "%i %s %T@ %C@ %m\\n"),
+            "capture, native walk": walk(True),
+            "capture, per-directory walk": walk(False),
+        }
+        for fn in tools.values():  # warm the page cache and the dentries
+            fn()
+        times: dict[str, list[float]] = {k: [] for k in tools}
+        for _ in range(reps):
+            for k, fn in tools.items():
+                times[k].append(_timed(fn))
+        stats = r.stats
+    finally:
+        store.close()
+    best = {k: min(v) for k, v in times.items()}
+    return {
+        "layer": profile,
+        "files": stats.files,
+        "dirs": stats.dirs,
+        "load_files_cache_s": round(load_s, 4),
+        "best_s": {k: round(v, 4) for k, v in best.items()},
+        "median_s": {k: round(statistics.median(v), 4) for k, v in times.items()},
+        "vs_find": {k: round(v / best["find"], 2) for k, v in best.items()},
+        "vs_find_stat": {k: round(v / best["find -printf stat"], 2) for k, v in best.items()},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--scratch", default="/tmp/bench-walk")
+    ap.add_argument("--profiles", default="small,medium")
+    ap.add_argument("--out", help="also write the results as JSON here")
+    args = ap.parse_args()
+    os.makedirs(args.scratch, exist_ok=True)
+    results = []
+    print(f"cpus {os.cpu_count()}, load {os.getloadavg()[0]:.2f}, walkers {capture_mod.WALKERS}")
+    for profile in args.profiles.split(","):
+        res = bench(profile, args.scratch, args.reps)
+        results.append(res)
+        print(
+            f"\n{profile}: {res['files']} files, {res['dirs']} dirs; files cache load "
+            f"{res['load_files_cache_s']:.3f} s"
+        )
+        print(f"  {'':<28} {'best s':>8} {'median s':>9} {'x find':>7} {'x stat walk':>12}")
+        for k, b in res["best_s"].items():  # type: ignore[attr-defined]
+            print(
+                f"  {k:<28} {b:>8.3f} {res['median_s'][k]:>9.3f}"  # type: ignore[index]
+                f" {res['vs_find'][k]:>7.2f} {res['vs_find_stat'][k]:>12.2f}"  # type: ignore[index]
+            )
+    print(f"\nload after: {os.getloadavg()[0]:.2f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
