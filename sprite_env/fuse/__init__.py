@@ -38,14 +38,15 @@ from sprite_env.fuse.mount import (
     unmount,
 )
 from sprite_env.fuse.operations import ViewConfig, ViewOperations
-from sprite_env.fuse.source import CheckpointRef, CheckpointSource, ObjectReader, StoreSource
+from sprite_env.fuse.source import CheckpointRef, CheckpointSource, StoreSource
 from sprite_env.mountinfo import mounts
+from sprite_env.store.ports import PinnedReader
 
 __all__ = [
     "CheckpointRef",
     "CheckpointSource",
     "MountError",
-    "ObjectReader",
+    "PinnedReader",
     "StoreSource",
     "ViewConfig",
     "ViewOperations",

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import trio
 
     from sprite_env.fuse.cache import AsyncLru
-    from sprite_env.fuse.source import ObjectReader
+    from sprite_env.store.ports import PinnedReader
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class OpenFile:
         self,
         layout: FileLayout,
         held: dict[ObjectId, bytes],
-        reader: ObjectReader | None,
+        reader: PinnedReader | None,
         cache: AsyncLru[ObjectId, bytes],
         nursery: trio.Nursery,
         readahead: int,

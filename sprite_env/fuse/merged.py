@@ -19,8 +19,9 @@ from sprite_env.overlay.merge import SPAN, MergedTrees
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-    from sprite_env.fuse.source import CheckpointRef, CheckpointSource, ObjectReader
+    from sprite_env.fuse.source import CheckpointRef, CheckpointSource
     from sprite_env.ids import ObjectId
+    from sprite_env.store.ports import PinnedReader
 
 __all__ = ["SPAN", "MergedSource"]
 
@@ -43,7 +44,7 @@ class MergedSource:
     def read(self, oid: ObjectId) -> bytes:
         return self.trees.read(oid)
 
-    def pin(self, oids: Iterable[ObjectId]) -> ObjectReader:
+    def pin(self, oids: Iterable[ObjectId]) -> PinnedReader:
         ours: list[ObjectId] = []
         theirs: list[ObjectId] = []
         for oid in oids:
@@ -54,10 +55,13 @@ class MergedSource:
 class _MergedReader:
     """Pinned store objects plus LOWER spans (read from disk on demand)."""
 
-    def __init__(self, source: MergedSource, inner: ObjectReader | None, ours: set[ObjectId]):
+    def __init__(self, source: MergedSource, inner: PinnedReader | None, ours: set[ObjectId]):
         self._source = source
         self._inner = inner
         self._ours = ours
+
+    def read(self, oid: ObjectId) -> bytes:
+        return self.read_many([oid])[0]
 
     def read_many(self, oids: Sequence[ObjectId]) -> list[bytes]:
         theirs = [o for o in oids if o not in self._ours]

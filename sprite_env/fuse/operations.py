@@ -62,8 +62,9 @@ from sprite_env.snapshot.tree import Kind, decode_chunks
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine, Sequence
 
-    from sprite_env.fuse.source import CheckpointRef, CheckpointSource, ObjectReader
+    from sprite_env.fuse.source import CheckpointRef, CheckpointSource
     from sprite_env.snapshot.tree import TreeEntry
+    from sprite_env.store.ports import PinnedReader
 
 log = logging.getLogger(__name__)
 
@@ -454,7 +455,7 @@ class ViewOperations(pyfuse3.Operations):
             self._read_ahead_directory(node)  # this file and the small ones after it
             oids = layout.objects()
             held: dict[ObjectId, bytes] = {}
-            reader: ObjectReader | None = None
+            reader: PinnedReader | None = None
             if layout.size <= AHEAD_BATCH and all(oid in self.objects for oid in oids):
                 # cached, or being loaded by a read-ahead: wait for it rather than pin
                 source = self.source
@@ -488,7 +489,7 @@ class ViewOperations(pyfuse3.Operations):
         assert isinstance(lay, FileLayout)
         return lay
 
-    async def _pin(self, node: Node, layout: FileLayout) -> ObjectReader:
+    async def _pin(self, node: Node, layout: FileLayout) -> PinnedReader:
         """A handle on the pin of ``node``'s objects, shared by its open files."""
         share = self._pins.get(node.ino)
         if share is None:  # the first open of this file pins its objects
@@ -637,7 +638,7 @@ def _same(node: Node) -> Node:
 
 def _pin_and_read(
     source: CheckpointSource, oids: set[ObjectId], first: list[ObjectId]
-) -> tuple[ObjectReader, dict[ObjectId, bytes]]:
+) -> tuple[PinnedReader, dict[ObjectId, bytes]]:
     """Pins a file's objects and reads its first ones (in a worker thread). A failure to
     read is left to the read that needs them, so that it is reported there."""
     reader = source.pin(oids)
@@ -661,11 +662,11 @@ class _SharedPin:
     """One pin of a file's objects, shared by the file's open handles: eight readers of
     one file, or a file opened again while open, resolve its objects once."""
 
-    def __init__(self, reader: ObjectReader) -> None:
+    def __init__(self, reader: PinnedReader) -> None:
         self.reader = reader
         self.handles = 0
 
-    def handle(self, on_last_close: Callable[[], object]) -> ObjectReader:
+    def handle(self, on_last_close: Callable[[], object]) -> PinnedReader:
         self.handles += 1
         return _PinHandle(self, on_last_close)
 
@@ -677,6 +678,9 @@ class _PinHandle:
         self._share = share
         self._on_last_close = on_last_close
         self._closed = False
+
+    def read(self, oid: ObjectId) -> bytes:
+        return self.read_many([oid])[0]
 
     def read_many(self, oids: Sequence[ObjectId]) -> list[bytes]:
         return self._share.reader.read_many(oids)

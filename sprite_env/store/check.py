@@ -36,6 +36,7 @@ from sprite_env.store.pack import (
     read_table,
     scan_entries,
 )
+from sprite_env.store.reader import MAX_RUN, read_entries
 
 if TYPE_CHECKING:
     from sprite_env.store.repository import Store
@@ -206,14 +207,31 @@ def _check_pack(
             if _hash_file(fd) != name:
                 report.errors.append(f"pack {name}: contents do not match its name (hash)")
             report.bytes_read += actual
-            for r in rows:
-                try:
-                    store.read_entry(name, r, verify=True)
-                except CorruptPack as e:
-                    report.damaged.setdefault(r.id, str(e))
-                    report.errors.append(str(e))
+            for oid, err in _read_all(name, fd, rows, store.damaged).items():
+                report.damaged.setdefault(oid, str(err))
+                report.errors.append(str(err))
     finally:
         os.close(fd)
+
+
+def _read_all(
+    name: PackName, fd: int, entries: list[Entry], damaged: set[ObjectId] | None
+) -> dict[ObjectId, CorruptPack]:
+    """Reads and re-hashes every object of ``entries`` through the store's reader, in
+    offset order and batches of about ``MAX_RUN`` raw bytes (a pack's objects all at once
+    could be ~100 MiB decoded); returns the objects that fail, with why."""
+    bad: dict[ObjectId, CorruptPack] = {}
+    batch: list[Entry] = []
+    size = 0
+    for e in sorted(entries, key=lambda e: e.offset):
+        batch.append(e)
+        size += e.raw_len
+        if size >= MAX_RUN:
+            read_entries(name, fd, batch, damaged=damaged, errors=bad)
+            batch, size = [], 0
+    if batch:
+        read_entries(name, fd, batch, damaged=damaged, errors=bad)
+    return bad
 
 
 @dataclass
@@ -251,13 +269,9 @@ def rebuild(store: Store) -> RebuildReport:
                 entries = read_table(fd, name)
             except CorruptPack:
                 report.damaged_packs.append(name)
-                entries = []
-                for e in scan_entries(fd, name):
-                    try:
-                        store.read_entry(name, e, verify=True)
-                    except CorruptPack:
-                        continue
-                    entries.append(e)
+                scanned = list(scan_entries(fd, name))
+                bad = _read_all(name, fd, scanned, None)
+                entries = [e for e in scanned if e.id not in bad]
         finally:
             os.close(fd)
         found.append((name, cls, size, entries))

@@ -224,22 +224,47 @@ def scan_entries(fd: int, name: str) -> Iterator[Entry]:
         off += ENTRY.size + slen
 
 
-def read_payload(fd: int, name: str, entry: Entry) -> bytes:
-    """Reads one object's stored payload, checking its entry header first.
+def parse_entry(
+    buf: bytes | bytearray | memoryview, at: int, entry: Entry, name: str, *, strict: bool = False
+) -> memoryview:
+    """The stored payload of ``entry``, whose entry header starts at ``buf[at]``, once that
+    header is checked against the catalog's row: the one parser of entries that readers
+    use (the store's reads, the pinned readers, ``check`` and prune's copies).
+
+    Args:
+        buf: bytes read from the pack (perhaps several entries: a coalesced read).
+        at: where ``entry``'s header is in ``buf``.
+        entry: the catalog's row for the object.
+        name: the pack's name, for errors.
+        strict: also compare the kind (prune copies headers verbatim, so they must agree
+            in every field; a read needs only what locates and decodes the payload).
 
     Raises:
-        CorruptPack: the header at ``entry.offset`` is not the expected object's.
+        CorruptPack: ``buf`` ends before the object, or the header is not the expected
+            object's.
     """
-    raw = os.pread(fd, ENTRY.size + entry.stored_len, entry.offset)
-    if len(raw) != ENTRY.size + entry.stored_len:
+    end = at + ENTRY.size + entry.stored_len
+    if at < 0 or len(buf) < end:
         raise CorruptPack(name, entry.offset, "truncated object")
-    magic, kind, codec, oid, slen, rlen = ENTRY.unpack_from(raw)
+    magic, kind, codec, oid, slen, rlen = ENTRY.unpack_from(buf, at)
     if (magic, oid, slen, rlen, codec) != (
         ENTRY_MAGIC,
         entry.id,
         entry.stored_len,
         entry.raw_len,
         entry.codec,
-    ):
+    ) or (strict and kind != entry.kind):
         raise CorruptPack(name, entry.offset, "object header does not match the catalog")
-    return raw[ENTRY.size :]
+    return memoryview(buf)[at + ENTRY.size : end]
+
+
+def read_payload(fd: int, name: str, entry: Entry, *, strict: bool = False) -> bytes:
+    """Reads one object's stored payload, checking its entry header first (see
+    :func:`parse_entry`).
+
+    Raises:
+        CorruptPack: the object is cut short, or the header at ``entry.offset`` is not the
+            expected object's.
+    """
+    raw = os.pread(fd, ENTRY.size + entry.stored_len, entry.offset)
+    return parse_entry(raw, 0, entry, name, strict=strict).tobytes()

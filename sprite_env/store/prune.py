@@ -74,7 +74,6 @@ from sprite_env.ids import ObjectId, PackName
 from sprite_env.store.faults import crashpoint
 from sprite_env.store.pack import (
     ENTRY,
-    ENTRY_MAGIC,
     FOOTER,
     HEADER,
     TABLE_ROW,
@@ -83,6 +82,7 @@ from sprite_env.store.pack import (
     PackWriter,
     _fsync_dir,
     pack_path,
+    read_payload,
 )
 
 if TYPE_CHECKING:
@@ -340,17 +340,6 @@ def _pack_bytes(store: Store) -> int:
     return int(store.catalog.query("SELECT coalesce(sum(size), 0) FROM packs")[0][0])
 
 
-def _read_entry(fd: int, name: PackName, e: Entry) -> bytes:
-    """Reads an object's stored payload, checking every field of its header."""
-    raw = os.pread(fd, ENTRY.size + e.stored_len, e.offset)
-    if len(raw) != ENTRY.size + e.stored_len:
-        raise CorruptPack(name, e.offset, "truncated object")
-    header = ENTRY.unpack_from(raw)
-    if header != (ENTRY_MAGIC, e.kind, e.codec, e.id, e.stored_len, e.raw_len):
-        raise CorruptPack(name, e.offset, "object header does not match the catalog")
-    return raw[ENTRY.size :]
-
-
 def _check_current(store: Store, plan: PrunePlan) -> None:
     seen = tuple((p.id, p.name) for p in store.catalog.packs())
     if seen != plan._packs_seen or store.catalog.object_count() != plan._objects_total:
@@ -378,20 +367,21 @@ def _live_entries(
             f"the catalog lists {len(live)} live objects, planned {u.live_objects}",
         )
     try:
-        fd = os.open(pack_path(store.packs_dir, u.pack.name), os.O_RDONLY)
+        slot = store.pack_files.acquire(u.pack.name)
     except FileNotFoundError:
         raise CorruptPack(u.pack.name, None, "pack file is missing") from None
     try:
         out = []
         for e in live:
             try:
-                out.append((e, _read_entry(fd, u.pack.name, e)))
+                # strict: the header is copied verbatim, so it must agree in every field
+                out.append((e, read_payload(slot.fd, u.pack.name, e, strict=True)))
             except CorruptPack:
                 store.damaged.add(e.id)
                 raise
         return out
     finally:
-        os.close(fd)
+        store.pack_files.release(slot)
 
 
 def _write_new_packs(

@@ -8,58 +8,45 @@ Layout of a store directory::
     packs/<name>.pack   immutable packs (see ``pack.py``)
     tmp/                packs being written; emptied when the store is opened for writing
 
-Writes go through a :class:`StoreWriter`: objects are hashed on the caller's thread (so the
-caller gets the id at once and duplicates cost nothing more), compressed on worker threads
-(zstd releases the GIL, so both cores work), appended to open packs, and become part of the
-store only when :meth:`StoreWriter.commit` publishes the packs and inserts their rows in one
-catalog transaction. A kill at any instant therefore leaves the previous state; packs
-published but not committed are orphans, deleted at the next writable open.
+Reads go through ``reader.py`` (:meth:`Store.read_many`, :meth:`Store.pin`), writes through a
+:class:`~sprite_env.store.writer.StoreWriter` (``writer.py``). A pack published but not
+committed is an orphan, deleted at the next writable open.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import json
 import logging
 import os
-import threading
-from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sprite_env import privacy
-from sprite_env.errors import CorruptPack, NotAStore, ObjectNotFound, StoreError, StoreLocked
+from sprite_env.errors import CorruptPack, NotAStore, StoreError, StoreLocked
 from sprite_env.ids import ObjectId, PackName
-from sprite_env.store import codec
 from sprite_env.store.catalog import (
     Catalog,
-    CommitHook,
     Located,
     PackRow,
-    add_meta_counter,
     delete_objects_past,
     delete_packs,
-    insert_pack,
     open_for_repair,
 )
-from sprite_env.store.faults import crashpoint
 from sprite_env.store.pack import (
     ENTRY,
     TARGET_PACK_SIZE,
     Entry,
-    ObjectKind,
-    PackWriter,
     _fsync_dir,
     pack_path,
-    read_payload,
 )
+from sprite_env.store.reader import LocalPacks, PackFiles, PackPin, read_entries
+from sprite_env.store.writer import StoreWriter
 
 if TYPE_CHECKING:
     import sqlite3
-    from collections.abc import Callable, Iterable, Iterator
+    from collections.abc import Callable, Iterable, Sequence
 
     #: Called inside the transaction that forgets lost packs, with the lost object ids.
     LostHook = Callable[[sqlite3.Connection, set[ObjectId]], None]
@@ -69,9 +56,6 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 MARKER = "sprite-store.json"
 _MAX_OPEN_PACKS = 64
-#: A batch of objects for one compression task: this many bytes, or objects.
-BATCH_BYTES = 1 << 20
-BATCH_OBJECTS = 64
 #: Ids per catalog query of :meth:`Store.locate_many` (SQLite allows 32,766 parameters).
 LOCATE_BATCH = 500
 
@@ -82,18 +66,6 @@ class LostPack:
 
     pack: PackRow
     size: int | None
-
-
-@dataclass
-class WriteStats:
-    """What a writer did since it was opened."""
-
-    objects_offered: int = 0
-    bytes_offered: int = 0  # raw bytes passed to put, duplicates included
-    objects_new: int = 0
-    bytes_new: int = 0  # raw bytes of new objects
-    bytes_stored: int = 0  # their encoded size in packs (headers excluded)
-    packs_written: int = 0
 
 
 class Store:
@@ -108,8 +80,8 @@ class Store:
         self.packs_dir = os.path.join(self.path, "packs")
         self.tmp_dir = os.path.join(self.path, "tmp")
         self._lock_fd = -1
-        self._fds: OrderedDict[str, list[int]] = OrderedDict()  # name -> [fd, users]
-        self._fd_lock = threading.Lock()
+        #: The packs' read descriptors, shared by every reader of this store.
+        self.pack_files = PackFiles(LocalPacks(self.packs_dir))
         #: Objects whose catalog row led a read to bad bytes (hash, decode, header, short):
         #: a writer stores such an object afresh instead of deduplicating against it.
         self.damaged: set[ObjectId] = set()
@@ -235,80 +207,42 @@ class Store:
             _fsync_dir(self.packs_dir)
 
     def close(self) -> None:
-        with self._fd_lock:
-            for fd, _users in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+        self.pack_files.close()
         self.catalog.close()
         self._release_lock()
 
     # -- reading -----------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _pack_fd(self, name: PackName) -> Iterator[int]:
-        """Lends a cached read-only fd of a pack; fds in use are never closed under a reader."""
-        with self._fd_lock:
-            slot = self._fds.get(name)
-            if slot is not None:
-                self._fds.move_to_end(name)
-                slot[1] += 1
-        if slot is None:
-            try:
-                fd = os.open(pack_path(self.packs_dir, name), os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                raise CorruptPack(name, None, "pack file is missing") from None
-            with self._fd_lock:
-                slot = self._fds.get(name)
-                if slot is not None:
-                    os.close(fd)
-                    slot[1] += 1
-                else:
-                    slot = self._fds[name] = [fd, 1]
-                    self._evict_fds()
-        try:
-            yield slot[0]
-        finally:
-            with self._fd_lock:
-                slot[1] -= 1
-                if slot[1] == 0 and self._fds.get(name) is not slot:
-                    os.close(slot[0])  # evicted or forgotten while in use
-
-    def _evict_fds(self) -> None:
-        for victim in [n for n, s in self._fds.items() if s[1] == 0]:
-            if len(self._fds) <= _MAX_OPEN_PACKS:
-                break
-            os.close(self._fds.pop(victim)[0])
-
     def forget_pack(self, name: PackName) -> None:
         """Drops a cached fd of a pack about to be deleted (it closes when its reader ends)."""
-        with self._fd_lock:
-            slot = self._fds.pop(name, None)
-            if slot is not None and slot[1] == 0:
-                os.close(slot[0])
+        self.pack_files.forget(name)
 
-    def read(self, oid: ObjectId, *, verify: bool = True) -> bytes:
-        """Returns an object's raw bytes.
+    def read(self, oid: ObjectId) -> bytes:
+        """Returns an object's raw bytes, verified against its id (see :meth:`read_many`)."""
+        return self.read_many([oid])[0]
 
-        Args:
-            oid: the object's id.
-            verify: re-hash the bytes and compare with ``oid``.
+    def read_many(self, oids: Sequence[ObjectId]) -> list[bytes]:
+        """Returns the objects' raw bytes, in the order given: one catalog query per
+        ``LOCATE_BATCH`` ids, then one ``pread`` per run of objects that lie together in a
+        pack (``store/reader.py``).
 
         Raises:
             ObjectNotFound: the catalog has no such object.
-            CorruptPack: the pack is missing, truncated or its bytes do not decode/hash.
+            CorruptPack: a pack is missing (and the object did not move), truncated, or its
+                bytes do not decode/hash (the object is then added to :attr:`damaged`).
         """
-        loc = self.catalog.locate(oid)
-        if loc is None:
-            raise ObjectNotFound(oid)
-        try:
-            return self.read_entry(loc.pack, loc.entry, verify=verify)
-        except CorruptPack as e:
-            # A prune may have moved the object and unlinked its old pack between the
-            # lookup and the open: look once more, and retry only if it moved.
-            again = self.catalog.locate(oid)
-            if e.offset is not None or again is None or again == loc:
-                raise
-            return self.read_entry(again.pack, again.entry, verify=verify)
+        with PackPin(self, oids) as pin:
+            return pin.read_many(oids)
+
+    def pin(self, oids: Iterable[ObjectId]) -> PackPin:
+        """A reader of ``oids`` that keeps working after a delete and prune removed them,
+        until closed; use it as a context manager (see ``store/reader.py``).
+
+        Raises:
+            ObjectNotFound: one of them is not in the catalog.
+            CorruptPack: a pack is missing.
+        """
+        return PackPin(self, oids)
 
     def locate_many(self, oids: Iterable[ObjectId]) -> dict[ObjectId, Located]:
         """Where each of ``oids`` lives, in one catalog query per ``LOCATE_BATCH`` ids.
@@ -372,26 +306,15 @@ class Store:
             pack does not (see :meth:`lost_packs`).
         """
         try:
-            try:
-                with self._pack_fd(pack) as fd:
-                    payload = read_payload(fd, pack, entry)
-            except OSError as e:
-                raise CorruptPack(pack, entry.offset, f"read failed: {e}") from None
-            try:
-                data = codec.decode(entry.codec, payload, entry.raw_len)
-            except ValueError as e:
-                raise CorruptPack(
-                    pack, entry.offset, f"object {entry.id.hex()[:16]}: {e}"
-                ) from None
-            if verify and codec.object_id(data) != entry.id:
-                raise CorruptPack(
-                    pack, entry.offset, f"object {entry.id.hex()[:16]}: hash mismatch"
-                )
-        except CorruptPack as e:
-            if e.offset is not None:
-                self.damaged.add(entry.id)
-            raise
-        return data
+            slot = self.pack_files.acquire(pack)
+        except FileNotFoundError:
+            raise CorruptPack(pack, None, "pack file is missing") from None
+        except OSError as e:
+            raise StoreError(f"cannot open pack {pack}: {e}") from None
+        try:
+            return read_entries(pack, slot.fd, [entry], verify=verify, damaged=self.damaged)[0]
+        finally:
+            self.pack_files.release(slot)
 
     # -- lost packs --------------------------------------------------------------------
 
@@ -513,184 +436,3 @@ def open_store(
             all).
     """
     return Store(path, create=create, writable=writable, repair=repair)
-
-
-class StoreWriter:
-    """Adds objects to a store; see the module docstring for the pipeline.
-
-    ``put`` may be called from several threads.
-
-    Error handling:
-        An error in a worker (a full disk, say) is raised by the next ``put``, ``flush`` or
-        ``commit``; the writer is then unusable and leaving it drops the uncommitted packs.
-    """
-
-    def __init__(self, store: Store, workers: int, pack_size: int) -> None:
-        self.store = store
-        self.pack_size = pack_size
-        self.stats = WriteStats()
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="store-encode")
-        self._slots = threading.BoundedSemaphore(workers * 4)  # bounds memory in flight
-        self._lock = threading.Lock()  # pending set, stats, futures
-        self._pack_lock = threading.Lock()  # open packs
-        self._pending: set[ObjectId] = set()
-        self._futures: list[Future[None]] = []
-        self._open: dict[int, PackWriter] = {}
-        self._finished: list[tuple[PackName, int, int, list[Entry]]] = []
-        self._error: BaseException | None = None
-        self._uncounted_offered = 0
-        # Objects go to the workers in batches: one task per 64 KiB object would cost more
-        # in futures and locks (measured: ~10 us each, with the GIL held) than zstd saves.
-        self._batch: list[tuple[ObjectId, bytes, ObjectKind]] = []
-        self._batch_bytes = 0
-
-    def __enter__(self) -> StoreWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _raise_pending_error(self) -> None:
-        if self._error is not None:
-            raise self._error
-
-    def has(self, oid: ObjectId) -> bool:
-        """True if the object is committed or was put through this writer."""
-        with self._lock:
-            if oid in self._pending:
-                return True
-        return self.store.catalog.has(oid)
-
-    def put(self, data: bytes, kind: ObjectKind = ObjectKind.DATA) -> ObjectId:
-        """Adds an object unless the store already has it; returns its id at once."""
-        oid = codec.object_id(data)
-        self.put_known(oid, data, kind)
-        return oid
-
-    def put_known(self, oid: ObjectId, data: bytes, kind: ObjectKind) -> bool:
-        """Like :meth:`put` for a caller that already hashed ``data``; True if new."""
-        self._raise_pending_error()
-        n = len(data)
-        with self._lock:
-            self.stats.objects_offered += 1
-            self.stats.bytes_offered += n
-            self._uncounted_offered += n
-            if oid in self._pending:
-                return False
-        if self.store.catalog.has(oid) and oid not in self.store.damaged:
-            return False
-        with self._lock:
-            if oid in self._pending:
-                return False
-            self._pending.add(oid)
-            self.stats.objects_new += 1
-            self.stats.bytes_new += n
-            self._batch.append((oid, data, kind))
-            self._batch_bytes += n
-            batch = None
-            if self._batch_bytes >= BATCH_BYTES or len(self._batch) >= BATCH_OBJECTS:
-                batch, self._batch, self._batch_bytes = self._batch, [], 0
-        if batch:
-            self._submit(batch)
-        return True
-
-    def _submit(self, batch: list[tuple[ObjectId, bytes, ObjectKind]]) -> None:
-        self._slots.acquire()
-        try:
-            fut = self._pool.submit(self._encode_and_append, batch)
-        except BaseException:
-            self._slots.release()
-            raise
-        with self._lock:
-            self._futures.append(fut)
-            if len(self._futures) > 256:
-                self._futures = [f for f in self._futures if not f.done()]
-
-    def _encode_and_append(self, batch: list[tuple[ObjectId, bytes, ObjectKind]]) -> None:
-        try:
-            encoded = [(oid, kind, *codec.encode(data), len(data)) for oid, data, kind in batch]
-            with self._pack_lock:
-                if self._error is not None:
-                    return
-                for oid, kind, c, payload, raw_len in encoded:
-                    cls = kind.pack_class
-                    w = self._open.get(cls)
-                    if w is None:
-                        w = self._open[cls] = PackWriter(self.store.tmp_dir, cls)
-                    w.add(oid, int(kind), int(c), payload, raw_len)
-                    self.stats.bytes_stored += len(payload)
-                    if w.size >= self.pack_size:
-                        self._finish_pack(cls)
-        except Exception as e:  # handed to the caller's thread by the next call
-            self._error = e
-        finally:
-            self._slots.release()
-
-    def _finish_pack(self, cls: int) -> None:
-        w = self._open.pop(cls)
-        name, size = w.finish(self.store.packs_dir)
-        self._finished.append((name, cls, size, w.entries))
-        self.stats.packs_written += 1
-
-    def flush(self) -> None:
-        """Waits for all puts and publishes the open packs (not yet committed)."""
-        with self._lock:
-            batch, self._batch, self._batch_bytes = self._batch, [], 0
-        if batch:
-            self._submit(batch)
-        with self._lock:
-            futures, self._futures = self._futures, []
-        wait(futures)
-        self._raise_pending_error()
-        with self._pack_lock:
-            for cls in list(self._open):
-                if self._open[cls].entries:
-                    self._finish_pack(cls)
-
-    def commit(self, hook: CommitHook | None = None) -> list[PackName]:
-        """Makes everything put so far part of the store, in one catalog transaction.
-
-        Args:
-            hook: called with the open transaction's connection to add rows that must
-                commit together with these objects (e.g. the checkpoint record).
-
-        Returns:
-            The names of the packs this commit published.
-        """
-        self.flush()
-        crashpoint("catalog-before-commit")
-        damaged = frozenset(self.store.damaged)  # a copy: readers add to it meanwhile
-        with self.store.catalog.transaction() as db:
-            for name, cls, size, entries in self._finished:
-                insert_pack(db, name, cls, size, entries, replacing=damaged)
-            crashpoint("catalog-mid-commit")
-            add_meta_counter(db, "ingested_bytes", self._uncounted_offered)
-            if hook is not None:
-                hook(db)
-        crashpoint("catalog-after-commit")
-        names = [f[0] for f in self._finished]
-        if damaged:  # stored afresh: their rows now point at the new, sound copies
-            self.store.damaged.difference_update(e.id for f in self._finished for e in f[3])
-        self._finished.clear()
-        with self._lock:
-            self._pending.clear()
-            self._uncounted_offered = 0
-        return names
-
-    def close(self) -> None:
-        """Drops uncommitted work and stops the workers."""
-        with self._lock:
-            futures, self._futures = self._futures, []
-        for f in futures:
-            f.cancel()
-        if self._error is None:
-            self._error = StoreError("writer is closed")
-        self._pool.shutdown(wait=True)
-        with self._pack_lock:
-            for w in self._open.values():
-                w.abort()
-            self._open.clear()
-        for name, *_ in self._finished:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(pack_path(self.store.packs_dir, name))
-        self._finished.clear()

@@ -1,4 +1,5 @@
-"""Pinned readers (``fuse/source.py``) without a mount: locating, batched reads, failures."""
+"""The view's source (``fuse/source.py``) without a mount: pinned readers from the store,
+batched reads, failures (more of the reader in ``tests/store/test_reader.py``)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,13 @@ import pytest
 
 from sprite_env.errors import CorruptPack, ObjectNotFound
 from sprite_env.fuse import StoreSource
-from sprite_env.fuse import source as source_module
-from sprite_env.ids import ObjectId, PackName
+from sprite_env.ids import ObjectId
 from sprite_env.snapshot.diff import top_entry
 from sprite_env.snapshot.tree import decode_chunks, decode_tree
 from sprite_env.store import repository
-from sprite_env.store.catalog import Located
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
     from sprite_env.checkpoints import Engine
-    from sprite_env.store import Store
 
 MiB = 1 << 20
 
@@ -76,36 +72,6 @@ def test_pinning_a_missing_object_fails_and_holds_nothing(
     with pytest.raises(ObjectNotFound):
         source.pin([*big, ObjectId(bytes(32))])
     assert source.open_pack_fds == 0
-
-
-class _MovingStore:
-    """A store whose first lookups name a pack that a prune has just unlinked."""
-
-    def __init__(self, store: Store, moves: int) -> None:
-        self.store = store
-        self.moves = moves
-
-    def locate_many(self, oids: Iterable[ObjectId]) -> dict[ObjectId, Located]:
-        where = self.store.locate_many(oids)
-        if self.moves:
-            self.moves -= 1
-            return {o: Located(PackName("f" * 64), loc.entry) for o, loc in where.items()}
-        return where
-
-
-def test_a_pack_unlinked_between_lookup_and_open_is_looked_up_again(
-    engine: Engine, big: list[ObjectId]
-) -> None:
-    packs = source_module._SharedPackFds(engine.store.packs_dir)
-    moving = _MovingStore(engine.store, moves=1)
-    reader = source_module.PinnedObjects(moving, packs, big)  # type: ignore[arg-type]
-    try:
-        assert reader.read_many(big[:3]) == [engine.store.read(o) for o in big[:3]]
-    finally:
-        reader.close()
-    with pytest.raises(CorruptPack, match="pack file is missing"):
-        source_module.PinnedObjects(_MovingStore(engine.store, 2), packs, big)  # type: ignore[arg-type]
-    assert packs.count() == 0
 
 
 def test_a_truncated_pack_is_reported(engine: Engine, big: list[ObjectId]) -> None:

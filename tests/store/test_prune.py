@@ -276,7 +276,7 @@ def test_readers_after_prune(store: Store) -> None:
     assert store.read(oid) == objs[oid]  # the store now caches an fd of the old pack
     raw_fd = os.open(pack_path(store.packs_dir, old.pack), os.O_RDONLY)
     try:
-        with store._pack_fd(old.pack) as lent_fd:  # a read in progress across the prune
+        with store.pack_files.lend(old.pack) as lent_fd:  # a read in progress across the prune
             plan_prune(store, live, target_pack_size=TARGET, small_pack=SMALL).execute(store)
             assert not os.path.exists(pack_path(store.packs_dir, old.pack))
             # open fds of an unlinked pack keep reading it (Linux semantics)
