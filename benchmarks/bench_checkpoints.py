@@ -416,6 +416,9 @@ class Sprite(Peer):
             j = json.loads(stdout)
         except ValueError:
             return {}
+        # --json of a job is its complete event: the checkpoint's or the restore's counters
+        # sit in "checkpoint" and "stats".
+        j = {**(j.get("checkpoint") or {}), **(j.get("stats") or {}), **j}
         keep = (
             "id",
             "files",

@@ -50,14 +50,17 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote, urlencode
 
 from sprite_env import statelock
 from sprite_env.errors import ApiError, DaemonUnavailable, UserError
 
 if TYPE_CHECKING:
+    import builtins
     from types import TracebackType
+
+    from sprite_env.api import shapes
 
 __all__ = [
     "DEFAULT_SOCKET",
@@ -84,7 +87,8 @@ _MAX_EMPTY_REATTACH = 3  # re-attaches in a row that bring nothing new: the stre
 #: 503 codes that mean "no daemon ready here yet": nothing was done; retry.
 _NOT_READY = frozenset({"starting", "stopping"})
 
-#: One event of an NDJSON stream (always ``type``, ``time`` and ``job``).
+#: One event of an NDJSON stream (always ``type``, ``time`` and ``job``): a
+#: :data:`sprite_env.api.shapes.Event`, read as a plain dict (callers pick fields by type).
 Event = dict[str, Any]
 OnEvent = Callable[[Event], None]
 JsonObject = dict[str, Any]
@@ -263,30 +267,33 @@ class Client:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def status(self) -> JsonObject:
+    def status(self) -> shapes.Status:
         """``GET /v1/status``: version, pid, paths, the running job, the active checkpoint."""
-        return self._object("GET", "/v1/status")
+        return cast("shapes.Status", self._object("GET", "/v1/status"))
 
-    def list(self, include_auto: bool = False, history: str | None = None) -> JsonList:
+    def list(
+        self, include_auto: bool = False, history: str | None = None
+    ) -> builtins.list[shapes.Checkpoint]:
         """Checkpoints, newest first; ``history``: only that id and its descendants."""
         query: dict[str, str] = {}
         if include_auto:
             query["include_auto"] = "true"
         if history is not None:
             query["history"] = history
-        return self._list("GET", _path("/v1/checkpoints", query=query))
+        rows = self._list("GET", _path("/v1/checkpoints", query=query))
+        return cast("builtins.list[shapes.Checkpoint]", rows)
 
-    def info(self, id: str) -> JsonObject:
+    def info(self, id: str) -> shapes.Checkpoint:
         """One checkpoint's record (``not_found``, ``invalid_id``)."""
-        return self._object("GET", _path("/v1/checkpoints", id))
+        return cast("shapes.Checkpoint", self._object("GET", _path("/v1/checkpoints", id)))
 
-    def preview(self, id: str, *, paths: Paths | None = None) -> JsonObject:
+    def preview(self, id: str, *, paths: Paths | None = None) -> shapes.Preview:
         """What restoring ``id`` (only ``paths`` of it, if given) would do:
         ``{"id", "counts", "changes"}``."""
+        url = _path("/v1/checkpoints", id, "preview")
         if paths:
-            url = _path("/v1/checkpoints", id, "preview")
-            return self._object("POST", url, {"paths": paths})
-        return self._object("GET", _path("/v1/checkpoints", id, "preview"))
+            return cast("shapes.Preview", self._object("POST", url, {"paths": paths}))
+        return cast("shapes.Preview", self._object("GET", url))
 
     def open_file(self, id: str, path: str | bytes) -> Reply:
         """``GET /v1/checkpoints/{id}/files/{path}`` of any checkpoint, automatic ones
@@ -306,19 +313,21 @@ class Client:
                 raise reply.error()
         return reply
 
-    def diff(self, a: str, b: str | None = None) -> JsonObject:
+    def diff(self, a: str, b: str | None = None) -> shapes.Diff:
         """Changes from checkpoint ``a`` to ``b`` (default: the live layer):
         ``{"from", "to", "counts", "changes"}``."""
         query = {"against": b} if b is not None else {}
-        return self._object("GET", _path("/v1/checkpoints", a, "diff", query=query))
+        url = _path("/v1/checkpoints", a, "diff", query=query)
+        return cast("shapes.Diff", self._object("GET", url))
 
-    def activity(self, limit: int = 100) -> JsonList:
+    def activity(self, limit: int = 100) -> builtins.list[shapes.ActivityEntry]:
         """The activity log, newest first: ``{"time","action","id","actor","ok","detail"}``."""
-        return self._list("GET", _path("/v1/activity", query={"limit": str(limit)}))
+        rows = self._list("GET", _path("/v1/activity", query={"limit": str(limit)}))
+        return cast("builtins.list[shapes.ActivityEntry]", rows)
 
-    def job(self, n: int) -> JsonObject:
+    def job(self, n: int) -> shapes.Job:
         """One job: ``{"id","kind","target","actor","state","result"?,"error"?}``."""
-        return self._object("GET", _path("/v1/jobs", str(n)))
+        return cast("shapes.Job", self._object("GET", _path("/v1/jobs", str(n))))
 
     # -- changing --------------------------------------------------------------------------
 
@@ -384,11 +393,12 @@ class Client:
         returns as :meth:`restore` does."""
         return self._stream("POST", "/v1/reset", {}, on_event, detach=detach)
 
-    def delete(self, id: str, *, dry_run: bool = False) -> JsonObject:
+    def delete(self, id: str, *, dry_run: bool = False) -> shapes.DeleteReport:
         """Deletes a checkpoint and frees its space (``active_checkpoint``, ``not_found``);
         with ``dry_run``, only says what it would free."""
         query = {"dry_run": "true"} if dry_run else None
-        return self._object("DELETE", _path("/v1/checkpoints", id, query=query))
+        url = _path("/v1/checkpoints", id, query=query)
+        return cast("shapes.DeleteReport", self._object("DELETE", url))
 
     def follow(self, n: int, on_event: OnEvent | None = None) -> Event:
         """Follows job ``n`` from its first event to its end; returns its ``complete`` event
@@ -397,9 +407,9 @@ class Client:
 
     # -- services --------------------------------------------------------------------------
 
-    def services(self) -> JsonObject:
+    def services(self) -> shapes.Services:
         """``{"services": [status, ...], "errors": [bad definition files]}``."""
-        return self._object("GET", "/v1/services")
+        return cast("shapes.Services", self._object("GET", "/v1/services"))
 
     def service_start(self, name: str) -> JsonObject:
         return self._object("POST", _path("/v1/services", name, "start"))

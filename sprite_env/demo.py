@@ -265,7 +265,7 @@ class DaemonProcess:
                 raise DemoFailed(f"the daemon exited with {self.proc.returncode} at start")
             try:
                 # a short wait each time, to notice a daemon that died while starting
-                return Client(self.socket, wait=1.0, notice=lambda _line: None).status()
+                return dict(Client(self.socket, wait=1.0, notice=lambda _line: None).status())
             except SpriteError as e:
                 if time.monotonic() >= deadline:
                     raise DemoFailed(

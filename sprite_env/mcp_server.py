@@ -8,7 +8,8 @@ Concepts:
 - **Tools**: Sprites' names and arguments (``checkpoint_create(comment)``,
   ``checkpoint_list(include_auto)``, ``checkpoint_get(id)``, ``checkpoint_restore(id)``)
   and more (diff, preview, read a file, restore paths, delete, reset). Each has a JSON
-  input schema, answers with structured content (and the same JSON as text), and carries
+  input schema, answers with structured content (and the same JSON as text) in the API's
+  shapes (``api/shapes.py``; its output schema is derived from them), and carries
   ``ToolAnnotations`` that say truthfully whether it reads only, destroys, is idempotent.
 - **Scopes**: ``read`` (list, get, diff, preview, read a file), ``create`` (adds
   ``checkpoint_create``; the default), ``full`` (adds restores, delete and, where the
@@ -34,8 +35,9 @@ import json
 import signal
 import sys
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 import anyio
 import anyio.to_thread
@@ -45,6 +47,7 @@ from mcp.server.stdio import stdio_server
 
 from sprite_env import __version__
 from sprite_env.actor import InvalidActor, clean_actor
+from sprite_env.api import shapes
 from sprite_env.client import Client, Event, file_chunks
 from sprite_env.errors import ApiError, DaemonUnavailable, SpriteError
 
@@ -65,7 +68,45 @@ READ_LIMIT = 256 * 1024
 _LIST_WAIT = 5.0
 
 Args = dict[str, Any]
-Result = dict[str, Any]
+Result = Mapping[str, Any]
+
+
+class CheckpointList(TypedDict):
+    """``checkpoint_list``: the checkpoints, newest first."""
+
+    checkpoints: list[shapes.Checkpoint]
+
+
+class Created(TypedDict):
+    """``checkpoint_create``: the new checkpoint (or, skipped, the one the layer is on)."""
+
+    id: str | None
+    checkpoint: shapes.Checkpoint | None
+
+
+class FileRead(TypedDict):
+    """``checkpoint_read_file``: a file's ``text`` (or ``base64``), cut at the limit
+    (``truncated``), or another entry's JSON (``entry``)."""
+
+    id: str
+    path: str
+    size: NotRequired[int]
+    truncated: NotRequired[bool]
+    text: NotRequired[str]
+    base64: NotRequired[str]
+    entry: NotRequired[shapes.Entry]
+
+
+class Restored(TypedDict):
+    """A restore's or reset's answer: ``undo`` first, and under an overlay that the
+    agent's shells ended (``ends_sessions``) and how to check (``note``)."""
+
+    restored: str
+    undo: str | None
+    job: int | None
+    ends_sessions: bool
+    note: str
+
 
 _ID = {"type": "string", "description": "a checkpoint id, such as v3"}
 
@@ -81,6 +122,7 @@ class ToolSpec:
     required: tuple[str, ...]
     annotations: mt.ToolAnnotations
     run: Callable[[Client, Args], Result]
+    output: Any  # the structured result's shape (a TypedDict)
 
     def tool(self) -> mt.Tool:
         schema: dict[str, Any] = {
@@ -93,7 +135,7 @@ class ToolSpec:
             name=self.name,
             description=self.description,
             input_schema=schema,
-            output_schema={"type": "object"},
+            output_schema=shapes.json_schema(self.output),
             annotations=self.annotations,
         )
 
@@ -135,7 +177,7 @@ def _preview(c: Client, a: Args) -> Result:
     return c.preview(a["id"], paths=a.get("paths") or None)
 
 
-def _read_file(c: Client, a: Args) -> Result:
+def _read_file(c: Client, a: Args) -> FileRead:
     with c.open_file(a["id"], a["path"]) as reply:
         if not (reply.headers.get("content-type") or "").startswith("application/octet-stream"):
             return {"id": a["id"], "path": a["path"], "entry": json.loads(reply.read())}
@@ -147,7 +189,12 @@ def _read_file(c: Client, a: Args) -> Result:
         length = reply.headers.get("content-length")
     size = int(length) if length is not None and length.isdigit() else len(data)
     shown = bytes(data[:READ_LIMIT])
-    out: Result = {"id": a["id"], "path": a["path"], "size": size, "truncated": size > len(shown)}
+    out: FileRead = {
+        "id": a["id"],
+        "path": a["path"],
+        "size": size,
+        "truncated": size > len(shown),
+    }
     text = _utf8(shown, cut=size > len(shown))
     if text is not None:
         out["text"] = text
@@ -167,30 +214,37 @@ def _utf8(data: bytes, *, cut: bool) -> str | None:
     return None
 
 
-def _create(c: Client, a: Args) -> Result:
+def _create(c: Client, a: Args) -> Created:
     done = c.create(str(a.get("comment", "")))
     return {"id": done.get("id"), "checkpoint": done.get("checkpoint")}
 
 
-def _restored(c: Client, done: Event, info: Event | None, what: str) -> Result:
+def _restored(c: Client, done: Event, info: Event | None, what: str) -> Restored:
     """The answer to a restore or reset: the undo id first, and under an overlay that the
     agent's shell sessions ended and how to check."""
     undo = done.get("undo") or (info or {}).get("undo")
-    out: Result = {"restored": what, "undo": undo, "job": done.get("job")}
-    out["ends_sessions"] = bool(info and info.get("ends_sessions"))
+    ends = bool(info and info.get("ends_sessions"))
     undo_hint = f"undo with checkpoint_restore(id={undo!r})" if undo else "no undo checkpoint"
-    if out["ends_sessions"]:
-        out["note"] = (
+    if ends:
+        note = (
             "The restore ended the shell sessions that used the layer (your shells among "
             "them): open a new one. Check the result with checkpoint_diff(id="
             f"{undo!r}) or `sprite-env curl /v1/jobs/{done.get('job')}/events`; {undo_hint}."
         )
     else:
-        out["note"] = f"Done; {undo_hint}."
-    return out
+        note = f"Done; {undo_hint}."
+    return {
+        "restored": what,
+        "undo": undo,
+        "job": done.get("job"),
+        "ends_sessions": ends,
+        "note": note,
+    }
 
 
-def _restore_job(c: Client, start: Callable[[Callable[[Event], None]], Event], what: str) -> Result:
+def _restore_job(
+    c: Client, start: Callable[[Callable[[Event], None]], Event], what: str
+) -> Restored:
     info: list[Event] = []
 
     def seen(event: Event) -> None:
@@ -234,6 +288,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         (),
         _READ,
         _list,
+        CheckpointList,
     ),
     ToolSpec(
         "checkpoint_get",
@@ -243,6 +298,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         ("id",),
         _READ,
         _get,
+        shapes.Checkpoint,
     ),
     ToolSpec(
         "checkpoint_diff",
@@ -253,6 +309,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         ("id",),
         _READ,
         _diff,
+        shapes.Diff,
     ),
     ToolSpec(
         "checkpoint_preview_restore",
@@ -262,6 +319,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         ("id",),
         _READ,
         _preview,
+        shapes.Preview,
     ),
     ToolSpec(
         "checkpoint_read_file",
@@ -272,6 +330,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         ("id", "path"),
         _READ,
         _read_file,
+        FileRead,
     ),
     ToolSpec(
         "checkpoint_create",
@@ -282,6 +341,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         (),
         _CREATE,
         _create,
+        Created,
     ),
     ToolSpec(
         "checkpoint_restore",
@@ -292,6 +352,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         ("id",),
         _RESTORE,
         _restore,
+        Restored,
     ),
     ToolSpec(
         "checkpoint_restore_path",
@@ -310,6 +371,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         ("id", "paths"),
         _RESTORE,
         _restore_path,
+        Restored,
     ),
     ToolSpec(
         "checkpoint_delete",
@@ -319,6 +381,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         ("id",),
         _DELETE,
         _delete,
+        shapes.DeleteReport,
     ),
     ToolSpec(
         "environment_reset",
@@ -329,6 +392,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         (),
         _RESTORE,
         _reset,
+        Restored,
     ),
 )
 _BY_NAME = {t.name: t for t in TOOLS}
@@ -532,7 +596,7 @@ class McpServer:
             if old is not None:
                 _release_signals(old)
         return mt.CallToolResult(
-            content=[mt.TextContent(text=json.dumps(result))], structured_content=result
+            content=[mt.TextContent(text=json.dumps(result))], structured_content=dict(result)
         )
 
     async def run(self) -> None:

@@ -1,7 +1,8 @@
-"""NDJSON progress events: the one place their shape is defined.
+"""NDJSON progress events: how they are made (their shapes are ``shapes.py``'s ``Event``).
 
 Every line is one JSON object with ``type`` and ``time`` (RFC 3339, UTC) and the ``job``
-number, as on Sprites' management socket:
+number, as on Sprites' management socket (the offline CLI's, which run in no job, have
+none):
 
 ==========  ==============================================================================
 type        fields
@@ -30,23 +31,24 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _event(type_: str, job: int, fields: dict[str, Any]) -> Event:
-    return {"type": type_, "time": now_rfc3339(), "job": job, **fields}
+def _event(type_: str, job: int | None, fields: dict[str, Any]) -> Event:
+    numbered = {} if job is None else {"job": job}
+    return {"type": type_, "time": now_rfc3339(), **numbered, **fields}
 
 
-def info(job: int, text: str, **extra: Any) -> Event:
+def info(job: int | None, text: str, **extra: Any) -> Event:
     return _event("info", job, {"data": text, **extra})
 
 
-def progress(job: int, phase: str, counters: dict[str, Any]) -> Event:
+def progress(job: int | None, phase: str, counters: dict[str, Any]) -> Event:
     return _event("progress", job, {"phase": phase, **counters})
 
 
-def complete(job: int, text: str, **extra: Any) -> Event:
+def complete(job: int | None, text: str, **extra: Any) -> Event:
     return _event("complete", job, {"data": text, **extra})
 
 
-def error(job: int, message: str, code: str) -> Event:
+def error(job: int | None, message: str, code: str) -> Event:
     return _event("error", job, {"error": message, "code": code})
 
 

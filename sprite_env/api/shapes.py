@@ -23,6 +23,7 @@ from typing import (
     Any,
     Literal,
     NotRequired,
+    Required,
     TypedDict,
     Union,
     get_args,
@@ -33,7 +34,7 @@ from typing import (
 
 # No ``from __future__ import annotations`` here: Python 3.11 computes a TypedDict's
 # required keys from its annotations when the class is made, and a string annotation
-# hides ``NotRequired`` from it (the key would count as required).
+# hides ``NotRequired`` from it (the key would count as required; see _object_schema).
 
 #: How an entry changed from one tree to the other.
 ChangeKind = Literal["added", "removed", "modified", "meta"]
@@ -413,12 +414,23 @@ def component_schema(shape: Any, ref: Callable[[str], str] | None = None) -> dic
 
 
 def _object_schema(shape: Any, ref: Callable[[str], str] | None) -> dict[str, Any]:
-    hints = get_type_hints(shape)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    # The keys a TypedDict requires are read from its annotations, not __required_keys__:
+    # Python 3.11 gets those wrong for a TypedDict of a module with string annotations
+    # (``from __future__ import annotations``; the MCP server's are).
+    for key, hint in get_type_hints(shape, include_extras=True).items():
+        origin = get_origin(hint)
+        if origin is NotRequired or origin is Required:
+            hint = get_args(hint)[0]
+        if origin is Required or (origin is not NotRequired and shape.__total__):
+            required.append(key)
+        properties[key] = json_schema(hint, ref)
     out: dict[str, Any] = {
         "title": shape.__name__,
         "type": "object",
-        "properties": {k: json_schema(v, ref) for k, v in hints.items()},
-        "required": sorted(shape.__required_keys__),
+        "properties": properties,
+        "required": sorted(required),
         "additionalProperties": shape.__name__ in OPEN,
     }
     if shape.__doc__ and not shape.__doc__.startswith(shape.__name__ + "("):

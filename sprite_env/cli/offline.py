@@ -3,8 +3,9 @@
 This is how every command worked before the daemon, and still how they work when
 ``--root`` or ``--store`` is given: the command opens the store itself, taking its lock, so
 it refuses ("locked", exit 4) while a daemon (or a mount) holds that store. Output matches
-the online path (``render.py``) except that ``--json`` prints the engine's own shapes:
-``diff`` one change per line, ``restore --preview`` the counts at the top level.
+the online path (``render.py``), ``--json`` included: the API's shapes (``api/shapes.py``),
+and for a job (create, restore, export) the ``complete`` event its stream would end with
+(offline there is no job, so no ``job`` number and no earlier events).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+from sprite_env.api import events, shapes
 from sprite_env.checkpoints import Engine
 from sprite_env.checkpoints.engine import CHECK_HINT
 from sprite_env.cli import render
@@ -27,7 +29,8 @@ from sprite_env.store.repository import MARKER
 if TYPE_CHECKING:
     import argparse
 
-    from sprite_env.checkpoints.engine import Progress
+    from sprite_env.api.events import Event
+    from sprite_env.checkpoints.engine import Progress, RestoreReport
     from sprite_env.snapshot.tree import TreeEntry
 
 
@@ -98,17 +101,21 @@ def create(args: argparse.Namespace) -> int:
         )
         active = e.active()
     if args.json:
-        render.print_json(cp.to_json(active=active))
+        done = f"Checkpoint {cp.id} created successfully"
+        render.print_json(
+            events.complete(None, done, id=cp.id, checkpoint=cp.to_json(active=active))
+        )
     else:
         for w in cp.warnings:
             render.warn(f"warning: {w['path']}: {w['message']}")
-        print(render.created_line(cp.to_json(active=active)))
+        print(render.created_line(cast("shapes.Checkpoint", cp.to_json(active=active))))
     return 0
 
 
 def list_(args: argparse.Namespace) -> int:
     with _engine(args) as e:
-        rows = e.listing(include_auto=True, history=args.history)
+        # The engine's JSON is the API's (shapes.Checkpoint): the daemon answers with it.
+        rows = cast("list[shapes.Checkpoint]", e.listing(include_auto=True, history=args.history))
         interrupted = e.interrupted_restore()
     render.show_checkpoints(render.listed(rows, args.include_auto), as_json=args.json)
     render.warn_interrupted(interrupted)
@@ -117,24 +124,24 @@ def list_(args: argparse.Namespace) -> int:
 
 def info(args: argparse.Namespace) -> int:
     with _engine(args) as e:
-        c = e.info_json(args.id)
+        c = cast("shapes.Checkpoint", e.info_json(args.id))
     render.show_checkpoint(c, as_json=args.json)
     return 0
 
 
 def delete(args: argparse.Namespace) -> int:
     with _engine(args) as e:
-        rep = (e.plan_delete([args.id]) if args.dry_run else e.delete(args.id)).to_json()
+        done = e.plan_delete([args.id]) if args.dry_run else e.delete(args.id)
+        rep = cast("shapes.DeleteReport", done.to_json())
     render.show_deleted(rep, as_json=args.json)
     return 0
 
 
 def diff(args: argparse.Namespace) -> int:
     with _engine(args) as e:
-        changes = [d.to_json() for d in e.diff(args.a, args.b)]
+        changes = [cast("shapes.DiffEntry", d.to_json()) for d in e.diff(args.a, args.b)]
     if args.json:
-        for ch in changes:
-            render.print_json(ch)
+        render.print_json(shapes.diff(args.a, args.b, changes))
     else:
         for line in render.diff_lines(args.a, args.b, changes):
             print(line)
@@ -149,7 +156,11 @@ def export(args: argparse.Namespace) -> int:
             raise UserError(f"cannot create {args.dest}: {err.strerror}") from None
         st = e.export(args.id, args.dest, paths=args.path)
     if args.json:
-        render.print_json(st.__dict__)
+        done = f"Exported {args.id} to {args.dest}"
+        paths = args.path or []
+        render.print_json(
+            events.complete(None, done, id=args.id, dest=args.dest, paths=paths, stats=st.__dict__)
+        )
     else:
         print(render.exported_line(args.id, args.dest, st.__dict__))
     return 0
@@ -176,9 +187,10 @@ def cat(args: argparse.Namespace) -> int:
     return 0
 
 
-def _entry_json(cid: str, path: bytes, entry: TreeEntry, e: Engine) -> dict[str, Any]:
+def _entry_json(cid: str, path: bytes, entry: TreeEntry, e: Engine) -> shapes.Entry:
     """The API's JSON of a non-file entry (``GET /v1/checkpoints/{id}/files/{path}``)."""
-    return entry_json(cid, path, entry, e.entries(entry) if entry.kind is Kind.DIR else None)
+    children = e.entries(entry) if entry.kind is Kind.DIR else None
+    return cast("shapes.Entry", entry_json(cid, path, entry, children))
 
 
 def restore(args: argparse.Namespace) -> int:
@@ -188,8 +200,8 @@ def restore(args: argparse.Namespace) -> int:
             counts = pv.counts()
             changes = pv.to_json()["changes"]
             if args.preview:
-                if args.json:  # the API's shape; the counts also at the top, as before
-                    render.print_json({**counts, **pv.to_json()})
+                if args.json:  # the API's shape
+                    render.print_json(pv.to_json())
                 else:
                     print("\n".join(render.preview_lines(args.id, counts, changes, limit=None)))
                 return 0
@@ -205,7 +217,7 @@ def restore(args: argparse.Namespace) -> int:
             else:
                 rep = e.restore(args.id, created_by=_created_by(args), progress=progress)
     if args.json:
-        render.print_json(rep.to_json())
+        render.print_json(_restored_event(args, rep))
     elif rep.noop and args.path:
         print(f"{', '.join(args.path)} already as in {rep.id}: nothing to restore")
     elif rep.noop:
@@ -215,6 +227,21 @@ def restore(args: argparse.Namespace) -> int:
         done = f"{', '.join(args.path)} from {rep.id}" if args.path else rep.id
         print(render.restored_line(done, rep.stats.__dict__, rep.undo))
     return 0
+
+
+def _restored_event(args: argparse.Namespace, rep: RestoreReport) -> Event:
+    """The ``complete`` event the daemon's restore job ends with, for this restore."""
+    shown = ", ".join(args.path or [])
+    paths = {"paths": args.path} if args.path else {}
+    if rep.noop:
+        said = f"{shown} already as in {rep.id}" if args.path else f"The layer already is {rep.id}"
+        return events.complete(
+            None, f"{said}: nothing to restore", id=rep.id, undo=None, noop=True, **paths
+        )
+    said = f"Restore of {shown} from {rep.id}" if args.path else f"Restore from {rep.id}"
+    return events.complete(
+        None, f"{said} complete", id=rep.id, undo=rep.undo, **paths, stats=rep.to_json()
+    )
 
 
 def reset(args: argparse.Namespace) -> int:

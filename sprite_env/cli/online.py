@@ -12,7 +12,7 @@ import json
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from sprite_env.cli import options, render
 from sprite_env.cli.progress import EventDisplay
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
 
+    from sprite_env.api import shapes
     from sprite_env.client import Event, OnEvent
 
 
@@ -71,7 +72,7 @@ def create(args: argparse.Namespace) -> int:
         return 0
     for w in cp.get("warnings") or []:
         render.warn(f"warning: {w['path']}: {w['message']}")
-    print(render.created_line(cp))
+    print(render.created_line(cast("shapes.Checkpoint", cp)))
     return 0
 
 

@@ -1,8 +1,9 @@
 """Human output shared by the online and offline paths: sizes, tables, records, changes,
 and the one question commands ask (``confirm``).
 
-Everything here takes the JSON shapes of the API (a checkpoint object, a change, an activity
-entry), which the offline path produces too, and returns text; printing is the caller's.
+Everything here takes the JSON shapes of the API (``api/shapes.py``: a checkpoint, a diff
+entry, a preview step, an activity entry), which the offline path produces too, and returns
+text; printing is the caller's.
 Tables are plain text (no rich: this module is on the start-up path of every command) and
 keep whole lines, so they read as well in a pipe as on a terminal.
 """
@@ -16,12 +17,14 @@ from typing import TYPE_CHECKING, Any
 from sprite_env.errors import UserError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Sequence
+    from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+    from sprite_env.api import shapes
 
 #: Lines of paths a restore confirmation shows (grouped by directory to fit).
 PREVIEW_LINES = 20
 
-# The API marks changes "+ - M m"; the offline engine's JSON spells them out.
+# A diff's changes, as its lines mark them.
 _MARKS = {"added": "+", "removed": "-", "modified": "M", "meta": "m"}
 
 
@@ -58,7 +61,7 @@ def timestamp(rfc3339: str) -> str:
     return rfc3339[:19].replace("T", " ")
 
 
-def checkpoint_table(rows: Sequence[dict[str, Any]]) -> str:
+def checkpoint_table(rows: Sequence[shapes.Checkpoint]) -> str:
     """The ``checkpoints list`` table; ``*`` marks the active checkpoint."""
     return table(
         ("ID", "CREATED", "FILES", "SIZE", "ADDED", "COMMENT"),
@@ -79,14 +82,14 @@ def checkpoint_table(rows: Sequence[dict[str, Any]]) -> str:
     )
 
 
-def listed(rows: Sequence[dict[str, Any]], include_auto: bool) -> list[dict[str, Any]]:
+def listed(rows: Sequence[shapes.Checkpoint], include_auto: bool) -> list[shapes.Checkpoint]:
     """The rows ``checkpoints list`` shows: automatic ones only with ``--include-auto``,
     but always the active one, so the ``*`` says where the layer is (issue 10). (The API's
     list stays Sprites' own: automatic ones only when asked for.)"""
     return [r for r in rows if include_auto or not r.get("is_auto") or r.get("is_active")]
 
 
-def show_checkpoints(rows: Sequence[dict[str, Any]], *, as_json: bool) -> None:
+def show_checkpoints(rows: Sequence[shapes.Checkpoint], *, as_json: bool) -> None:
     """What ``checkpoints list`` prints (online and offline alike)."""
     if as_json:
         print_json(list(rows))
@@ -96,7 +99,7 @@ def show_checkpoints(rows: Sequence[dict[str, Any]], *, as_json: bool) -> None:
         print("no checkpoints yet (sprite-env checkpoints create --comment ...)")
 
 
-def show_checkpoint(c: dict[str, Any], *, as_json: bool) -> None:
+def show_checkpoint(c: shapes.Checkpoint, *, as_json: bool) -> None:
     """What ``checkpoints info`` prints."""
     if as_json:
         print_json(c)
@@ -104,7 +107,7 @@ def show_checkpoint(c: dict[str, Any], *, as_json: bool) -> None:
         print("\n".join(checkpoint_info(c)))
 
 
-def show_deleted(rep: dict[str, Any], *, as_json: bool) -> None:
+def show_deleted(rep: shapes.DeleteReport, *, as_json: bool) -> None:
     """What ``checkpoints delete`` prints."""
     if as_json:
         print_json(rep)
@@ -112,7 +115,7 @@ def show_deleted(rep: dict[str, Any], *, as_json: bool) -> None:
         print(delete_line(rep))
 
 
-def checkpoint_info(c: dict[str, Any]) -> Iterator[str]:
+def checkpoint_info(c: shapes.Checkpoint) -> Iterator[str]:
     """The ``checkpoints info`` lines."""
     flags = (" (auto)" if c.get("is_auto") else "") + (" (active)" if c["is_active"] else "")
     yield f"ID:       {c['id']}{flags}"
@@ -122,13 +125,14 @@ def checkpoint_info(c: dict[str, Any]) -> Iterator[str]:
     yield f"History:  {' <- '.join(history) if history else '(none)'}"
     yield f"Files:    {c['files']} files in {c['dirs']} directories, {size(c['bytes'])}"
     yield f"Stored:   {size(c['bytes_added'])} new in this checkpoint"
-    if c.get("unique_bytes") is not None:
-        yield f"Unique:   {size(c['unique_bytes'])} held by no other checkpoint (a delete frees it)"
+    unique = c.get("unique_bytes")
+    if unique is not None:
+        yield f"Unique:   {size(unique)} held by no other checkpoint (a delete frees it)"
     for w in c.get("warnings") or []:
         yield f"Warning:  {w['path']}: {w['message']}"
 
 
-def created_line(c: dict[str, Any]) -> str:
+def created_line(c: shapes.Checkpoint) -> str:
     """What ``checkpoints create`` prints: the figures, then Sprites' own last line
     (``Checkpoint created: vN``), which scripts written for Sprites parse."""
     return (
@@ -151,7 +155,7 @@ def one_line(text: str) -> str:
     return text.replace("\t", " ")
 
 
-def change_lines(changes: Iterable[dict[str, Any]]) -> Iterator[str]:
+def change_lines(changes: Iterable[shapes.DiffEntry]) -> Iterator[str]:
     """``+ etc/hosts`` per change from A to B: ``+`` added, ``-`` removed, ``M`` content
     modified, ``m`` metadata only (owner, mode, times, xattrs); a directory added or
     removed says how many entries that is, itself included."""
@@ -164,7 +168,7 @@ def change_lines(changes: Iterable[dict[str, Any]]) -> Iterator[str]:
         yield f"{mark} {display_path(ch['path'])}{tail}"
 
 
-def diff_lines(a: str, b: str | None, changes: Sequence[dict[str, Any]]) -> Iterator[str]:
+def diff_lines(a: str, b: str | None, changes: Sequence[shapes.DiffEntry]) -> Iterator[str]:
     """``checkpoints diff A [B]``: what changed from A to B (None: the live layer)."""
     if not changes:
         yield f"no changes between {a} and {b or 'the live layer'}"
@@ -176,7 +180,7 @@ def diff_lines(a: str, b: str | None, changes: Sequence[dict[str, Any]]) -> Iter
 ACTIONS = ("delete", "change", "create", "metadata")
 
 
-def restore_summary(cid: str, counts: dict[str, int], *, would: bool = True) -> str:
+def restore_summary(cid: str, counts: Mapping[str, object], *, would: bool = True) -> str:
     verb = "would" if would else "will"
     return (
         f"Restoring {cid} {verb} delete {counts.get('delete', 0)}, change "
@@ -186,7 +190,11 @@ def restore_summary(cid: str, counts: dict[str, int], *, would: bool = True) -> 
 
 
 def preview_lines(
-    cid: str, counts: dict[str, int], changes: Sequence[dict[str, Any]], *, limit: int | None
+    cid: str,
+    counts: Mapping[str, object],
+    changes: Sequence[shapes.PreviewStep],
+    *,
+    limit: int | None,
 ) -> Iterator[str]:
     """A restore preview in the restore's words: the counts, then per path what it will
     do (``delete``, ``change`` content, ``create`` = bring back, ``metadata``), deletions
@@ -219,9 +227,9 @@ def preview_lines(
 _Step = tuple[str, str, int, bool, str]  # action, path, entries, is a directory, note
 
 
-def _steps(changes: Sequence[dict[str, Any]]) -> Iterator[_Step]:
+def _steps(changes: Sequence[shapes.PreviewStep]) -> Iterator[_Step]:
     for ch in changes:
-        action = ch.get("action") or ch["change"]
+        action = ch["action"]
         path = str(ch["path"])
         n = int(ch.get("entries") or 1)
         is_dir = ch.get("type") == "dir"
@@ -278,7 +286,7 @@ def restored_line(cid: str | None, stats: dict[str, Any], undo: str | None) -> s
     return f"{what}: {counts}{tail}"
 
 
-def delete_line(rep: dict[str, Any]) -> str:
+def delete_line(rep: shapes.DeleteReport) -> str:
     if rep.get("dry_run"):
         return f"Deleting {rep['id']} would free {size(rep['bytes_freed'])} (nothing deleted)"
     line = f"Deleted {rep['id']}: {size(rep['bytes_freed'])} freed"
@@ -291,7 +299,7 @@ def delete_line(rep: dict[str, Any]) -> str:
     return line
 
 
-def activity_table(entries: Sequence[dict[str, Any]]) -> str:
+def activity_table(entries: Sequence[shapes.ActivityEntry]) -> str:
     """The ``checkpoints log`` table, newest first."""
     return table(
         ("TIME", "ACTOR", "ACTION", "ID", "OK", "DETAIL"),
@@ -378,10 +386,10 @@ def reset_lines() -> Iterator[str]:
     yield "and an automatic checkpoint of what it removes comes first: it can be undone)."
 
 
-def not_a_file(cid: str, entry: dict[str, Any]) -> str:
+def not_a_file(cid: str, entry: shapes.Entry) -> str:
     """Why ``checkpoints cat`` printed nothing: the entry (``GET .../files/PATH``) is not a
     regular file."""
-    what = entry.get("type")
+    what: str = entry["type"]
     if what == "symlink":
         what = f"symlink (to {entry.get('target')}; not followed)"
     return (

@@ -37,7 +37,7 @@ def test_full_loop(tmp_path: os.PathLike[str]) -> None:
     code, out, _ = cli("checkpoints", "diff", "v0", "v1")
     assert "+ b" in out.splitlines()
     code, out, _ = cli("restore", "v0", "--preview", "--json")
-    assert json.loads(out)["remove"] == 1
+    assert json.loads(out)["counts"]["remove"] == 1  # the API's preview, as online
     code, out, _ = cli("restore", "v0")  # no terminal: a script, and every restore undoes
     assert code == 0
     assert "undo with: sprite-env restore auto-" in out
@@ -73,10 +73,11 @@ def test_excludes_are_saved_in_the_store(tmp_path: os.PathLike[str]) -> None:
         with open(os.path.join(root, name), "w") as f:
             f.write(name)
     assert run_cli("--root", root, "store", "init").returncode == 0
+    # --json: the complete event a daemon's create ends with, its checkpoint inside.
     r = run_cli("--root", root, "checkpoints", "create", "--exclude", "cache", "--json")
-    assert json.loads(r.stdout)["files"] == 1
+    assert json.loads(r.stdout)["checkpoint"]["files"] == 1
     r = run_cli("--root", root, "checkpoints", "create", "--json")  # the saved list applies
-    assert json.loads(r.stdout)["files"] == 1
+    assert json.loads(r.stdout)["checkpoint"]["files"] == 1
     os.unlink(os.path.join(root, "keep"))
     r = run_cli("--root", root, "restore", "v0", "--yes")
     assert r.returncode == 0, r.stderr
