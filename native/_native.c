@@ -16,6 +16,8 @@
 #include "fastcdc.h"
 #include "treescan.h"
 
+int treesplice_add_functions(PyObject *module); /* treesplice_py.c */
+
 /* Below this many bytes the scan is too short to be worth a GIL round trip. */
 #define RELEASE_GIL_MIN_BYTES 8192
 
@@ -406,6 +408,9 @@ static int native_exec(PyObject *module)
     }
     int rc = PyModule_AddObjectRef(module, "GEAR_SEED", seed);
     Py_DECREF(seed);
+    if (rc == 0) {
+        rc = treesplice_add_functions(module); /* treesplice_py.c */
+    }
     return rc;
 }
 

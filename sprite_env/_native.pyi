@@ -63,3 +63,27 @@ def scan_tree(
         OSError: the root could not be read (any other problem makes a directory dirty).
         TypeError: rows not bytes to bytes, a pattern not bytes.
     """
+
+def sig_diff(new_blob: Buffer, old_blob: Buffer, /) -> tuple[list[bytes], list[bytes]]:
+    """The names of ``new_blob`` whose signature row differs from ``old_blob``'s (or is
+    poisoned, or new), and the names only in ``old_blob``; both sorted (treesplice.c).
+
+    Raises:
+        ValueError: a malformed blob.
+    """
+
+def tree_splice(old_tree: Buffer, blob: Buffer, added: list[bytes], /) -> bytes:
+    """The tree naming exactly the children of the signature ``blob``: the entry of
+    ``added`` (encoded, sorted by name) where there is one, else ``old_tree``'s, copied.
+
+    Raises:
+        ValueError: ``old_tree`` is malformed or lacks an unchanged child, or ``added``
+            names a child the blob does not (or is out of order).
+    """
+
+def tree_find(tree: Buffer, name: Buffer, /) -> bytes | None:
+    """The encoded entry called ``name`` in ``tree``, or None.
+
+    Raises:
+        ValueError: a malformed tree.
+    """

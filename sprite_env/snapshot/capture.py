@@ -80,8 +80,10 @@ from sprite_env.snapshot.tree import (
     Piece,
     TreeEntry,
     decode_chunks,
+    decode_entry,
     decode_tree,
     encode_chunks,
+    encode_entry,
     encode_tree,
 )
 from sprite_env.store.chunker import Chunker
@@ -96,6 +98,16 @@ try:
 except ImportError:  # the pure-Python walk does the same, slower
     _scan_dir = None  # type: ignore[assignment]
     _scan_tree = None  # type: ignore[assignment]
+
+_sig_diff: Callable[[bytes, bytes], tuple[list[bytes], list[bytes]]] | None
+_tree_splice: Callable[[bytes, bytes, list[bytes]], bytes] | None
+_tree_find: Callable[[bytes, bytes], bytes | None] | None
+try:
+    from sprite_env._native import sig_diff as _sig_diff
+    from sprite_env._native import tree_find as _tree_find
+    from sprite_env._native import tree_splice as _tree_splice
+except ImportError:  # without them a changed directory takes the entry-by-entry path
+    _sig_diff = _tree_splice = _tree_find = None
 
 READ_ATTEMPTS = 3
 #: Threads of the native full walk (``scan_tree``). On the 2 cores of the development VM
@@ -583,9 +595,13 @@ class Capturer:
         blob, subdirs, files, nbytes, symlinks, specials, irregular = _scan_dir(
             fd, self.start_ns, RACY_NS, self._root_dev
         )
-        if irregular or blob != cached.stat:
+        counts = (files, nbytes, symlinks, specials)
+        if irregular:
             return self._dir_slow(fd, rel, {})
         done: dict[bytes, tuple[ObjectId, bool]] = {}
+        if blob != cached.stat:
+            out = self._dir_partial(fd, rel, cached, blob, subdirs, counts, done)
+            return out if out is not None else self._dir_slow(fd, rel, done)
         for name in subdirs:
             # every child's signature matched the row: each subdirectory is the one cached
             kept = self._reuse(_join(rel, name))
@@ -601,7 +617,8 @@ class Capturer:
             finally:
                 os.close(cfd)
         if any(changed for _, changed in done.values()):
-            return self._dir_slow(fd, rel, done)
+            out = self._dir_partial(fd, rel, cached, blob, subdirs, counts, done)
+            return out if out is not None else self._dir_slow(fd, rel, done)
         self.visited.add(rel)
         self.stats.dirs += 1
         self.stats.dirs_reused += 1
@@ -611,6 +628,130 @@ class Capturer:
         self.stats.specials += specials
         self._report()
         return cached.tree, False
+
+    def _dir_partial(
+        self,
+        fd: int,
+        rel: bytes,
+        cached: CachedDir,
+        blob: bytes,
+        subdirs: list[bytes],
+        counts: tuple[int, int, int, int],
+        done: dict[bytes, tuple[ObjectId, bool]],
+    ) -> tuple[ObjectId, bool] | None:
+        """A directory that differs from its row, in proportion to what changed in it.
+
+        ``blob`` is the native listing's signature blob (no socket, mount point, hard link
+        or racy child in it: ``scan_dir`` said so), ``counts`` its children's counts. Only
+        the children whose signature differs from the row are looked at (and read, if
+        files); every other entry is copied from the old tree byte for byte by
+        ``tree_splice``, which also proves that the new tree names exactly the listed
+        children. After the benchmark's agent step, 1,130 such directories held 61k
+        children, 2.5k of them changed: entry by entry they cost 1.2 s of Python.
+
+        Returns None, with nothing read yet, when the slow path must decide (a child
+        excluded, retyped into something unusual, gone, hard-linked, or an old tree
+        that cannot be spliced); subdirectories already captured are then in ``done``.
+        """
+        if _sig_diff is None or _tree_splice is None or _tree_find is None:
+            return None
+        changed, _removed = _sig_diff(blob, cached.stat)
+        is_changed = set(changed)
+        for name in subdirs:  # subdirectories whose own signature matched the row
+            if name in is_changed or name in done:
+                continue
+            child = _join(rel, name)
+            kept = self._reuse(child)
+            if kept is not None:
+                done[name] = (kept, False)
+                continue
+            try:
+                cfd = os.open(name, O_DIR, dir_fd=fd)
+            except OSError:
+                return None  # replaced since the listing
+            try:
+                done[name] = self._dir(cfd, child)
+            finally:
+                os.close(cfd)
+        looked: list[tuple[bytes, bytes, os.stat_result]] = []
+        for name in changed:  # classified before anything is read or counted
+            child = _join(rel, name)
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return None
+            mode = st.st_mode
+            if (
+                stat.S_ISSOCK(mode)
+                or (stat.S_ISDIR(mode) and st.st_dev != self._root_dev)
+                or (not stat.S_ISDIR(mode) and st.st_nlink > 1)
+                or child in self.reread
+                or self.excludes.match(child, st)
+            ):
+                return None
+            looked.append((name, child, st))
+        try:
+            old_tree = self.read_tree(cached.tree)
+        except SpriteError:
+            return None
+        prev_sigs: dict[bytes, Sig] | None = None
+        pending: list[_Pending] = []
+        for name, child, st in looked:
+            prev_entry = None
+            if stat.S_ISREG(st.st_mode) and st.st_size >= IN_PLACE_MIN:
+                if prev_sigs is None:
+                    prev_sigs = cached.sigs()
+                prev_sig = prev_sigs.get(name)
+                raw = _tree_find(old_tree, name) if prev_sig is not None else None
+                if prev_sig is not None and prev_sig[0] == st.st_ino and raw is not None:
+                    prev_entry = decode_entry(raw)  # a big file changed in place
+            p = self._child(fd, child, name, st, False, prev_entry)
+            if p is None:
+                return self._give_up(pending, done)
+            pending.append(p)
+            self._report()
+        added: dict[bytes, bytes] = {}
+        for p in pending:
+            if p.future is not None:
+                read = p.future.result()
+                p.future = None
+                if read is None:
+                    return self._give_up(pending, done)  # gone or retyped while read
+                p.entry, p.st = read
+            assert p.entry is not None
+            added[p.name] = encode_entry(p.entry)
+        for name, (subtree, sub_changed) in done.items():
+            if sub_changed and name not in added:
+                raw = _tree_find(old_tree, name)
+                if raw is None:
+                    return None
+                old = decode_entry(raw)
+                added[name] = encode_entry(dataclasses.replace(old, payload=subtree))
+        try:
+            body = _tree_splice(old_tree, blob, [added[n] for n in sorted(added)])
+        except ValueError:
+            return None  # the old tree and its row disagree: decide entry by entry
+        self.visited.add(rel)
+        s = self.stats
+        s.dirs += 1
+        s.files += counts[0]
+        s.bytes += counts[1]
+        s.symlinks += counts[2]
+        s.specials += counts[3]
+        tree_id = self.sink.put(body, ObjectKind.TREE)
+        self.cache_changed[rel] = CachedDir(tree_id, blob)
+        return tree_id, tree_id != cached.tree
+
+    @staticmethod
+    def _give_up(pending: list[_Pending], done: dict[bytes, tuple[ObjectId, bool]]) -> None:
+        """Hands what is done to the slow path: the subdirectories captured (in ``done``,
+        so they are neither walked nor counted twice) after the reads already started
+        finished (their objects are stored either way; the slow path reads them again)."""
+        for p in pending:
+            if p.future is not None:
+                p.future.result()
+            elif p.subtree is not None:
+                done[p.name] = (p.subtree, True)
 
     def _dir_slow(
         self, fd: int, rel: bytes, done: dict[bytes, tuple[ObjectId, bool]]

@@ -189,6 +189,16 @@ def decode_tree(data: bytes) -> list[TreeEntry]:
         raise CorruptObject(f"corrupt tree object: {e}") from None
 
 
+def decode_entry(raw: bytes) -> TreeEntry:
+    """Parses one encoded entry (as :func:`encode_entry` makes, or ``tree_find`` returns).
+
+    Raises:
+        CorruptObject: the bytes are not one valid entry.
+    """
+    (entry,) = decode_tree(_HEAD.pack(MAGIC, 1) + raw)
+    return entry
+
+
 def _iter_tree(data: bytes) -> Iterator[TreeEntry]:
     magic, count = _HEAD.unpack_from(data, 0)
     if magic == b"SPT1":

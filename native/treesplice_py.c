@@ -1,0 +1,166 @@
+/*
+ * treesplice_py.c - the CPython binding of treesplice.c: sig_diff, tree_splice, tree_find.
+ *
+ * Added to module sprite_env._native by treesplice_add_functions() (called from
+ * _native.c's exec slot). Typed stubs: sprite_env/_native.pyi.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdlib.h>
+
+#include "treesplice.h"
+
+struct lists {
+    PyObject *changed, *removed;
+};
+
+static int append_name(PyObject *list, const uint8_t *name, size_t len)
+{
+    PyObject *b = PyBytes_FromStringAndSize((const char *)name, (Py_ssize_t)len);
+    if (b == NULL) {
+        return -1;
+    }
+    int rc = PyList_Append(list, b);
+    Py_DECREF(b);
+    return rc;
+}
+
+static int on_changed(const uint8_t *name, size_t len, void *ctx)
+{
+    return append_name(((struct lists *)ctx)->changed, name, len);
+}
+
+static int on_removed(const uint8_t *name, size_t len, void *ctx)
+{
+    return append_name(((struct lists *)ctx)->removed, name, len);
+}
+
+PyDoc_STRVAR(sig_diff_doc,
+"sig_diff(new_blob, old_blob, /) -> (changed, removed)\n--\n\n"
+"Compares two directories' signature blobs (dircache.encode_sigs()'s format, sorted by\n"
+"name): changed lists the names of new_blob whose row differs from old_blob's, is\n"
+"poisoned (racy) or is new; removed the names only in old_blob; both sorted.\n"
+"Raises ValueError for a malformed blob.");
+
+static PyObject *native_sig_diff(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer a, b;
+    if (!PyArg_ParseTuple(args, "y*y*:sig_diff", &a, &b)) {
+        return NULL;
+    }
+    struct lists l = {PyList_New(0), PyList_New(0)};
+    PyObject *result = NULL;
+    if (l.changed != NULL && l.removed != NULL) {
+        int rc = sig_diff(a.buf, (size_t)a.len, b.buf, (size_t)b.len, on_changed, on_removed,
+                          &l);
+        if (rc == -1) {
+            PyErr_SetString(PyExc_ValueError, "malformed signature blob");
+        } else if (rc == 0) {
+            result = PyTuple_Pack(2, l.changed, l.removed);
+        }
+    }
+    Py_XDECREF(l.changed);
+    Py_XDECREF(l.removed);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    return result;
+}
+
+PyDoc_STRVAR(tree_splice_doc,
+"tree_splice(old_tree, blob, added, /) -> bytes\n--\n\n"
+"The tree object holding, for each name of the signature blob in its order, the entry of\n"
+"added (a list of encoded entries sorted by name) of that name, else old_tree's entry of\n"
+"that name, copied byte for byte. Raises ValueError if old_tree is malformed, lacks a name\n"
+"the blob has that added does not supply, or added names what the blob does not.");
+
+static PyObject *native_tree_splice(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer old, blob;
+    PyObject *added;
+    if (!PyArg_ParseTuple(args, "y*y*O!:tree_splice", &old, &blob, &PyList_Type, &added)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = PyList_GET_SIZE(added);
+    struct span *spans = calloc((size_t)n + 1u, sizeof *spans);
+    if (spans == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = PyList_GET_ITEM(added, i);
+        if (!PyBytes_Check(e)) {
+            PyErr_SetString(PyExc_TypeError, "added entries must be bytes");
+            goto out;
+        }
+        spans[i].data = (const uint8_t *)PyBytes_AS_STRING(e);
+        spans[i].len = (size_t)PyBytes_GET_SIZE(e);
+    }
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int rc;
+    /* the list (and so its bytes) stays alive and unchanged: we hold the GIL throughout,
+     * the splice of a directory being a memcpy of at most a few hundred KiB */
+    rc = tree_splice(old.buf, (size_t)old.len, blob.buf, (size_t)blob.len, spans, (size_t)n,
+                     &buf, &len);
+    if (rc == -5) {
+        PyErr_NoMemory();
+    } else if (rc != 0) {
+        PyErr_Format(PyExc_ValueError, "cannot splice the tree (%s)",
+                     rc == -3   ? "the old tree lacks an unchanged child"
+                     : rc == -4 ? "an added entry is not in the listing"
+                                : "malformed tree or blob");
+    } else {
+        result = PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)len);
+    }
+    free(buf);
+out:
+    free(spans);
+    PyBuffer_Release(&old);
+    PyBuffer_Release(&blob);
+    return result;
+}
+
+PyDoc_STRVAR(tree_find_doc,
+"tree_find(tree, name, /) -> bytes | None\n--\n\n"
+"The encoded entry called name in the tree object, or None. Raises ValueError for a\n"
+"malformed tree.");
+
+static PyObject *native_tree_find(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer tree, name;
+    if (!PyArg_ParseTuple(args, "y*y*:tree_find", &tree, &name)) {
+        return NULL;
+    }
+    size_t at = 0, len = 0;
+    int rc = tree_find(tree.buf, (size_t)tree.len, name.buf, (size_t)name.len, &at, &len);
+    PyObject *result = NULL;
+    if (rc < 0) {
+        PyErr_SetString(PyExc_ValueError, "malformed tree");
+    } else if (rc == 1) {
+        result = Py_NewRef(Py_None);
+    } else {
+        result = PyBytes_FromStringAndSize((const char *)tree.buf + at, (Py_ssize_t)len);
+    }
+    PyBuffer_Release(&tree);
+    PyBuffer_Release(&name);
+    return result;
+}
+
+static PyMethodDef treesplice_methods[] = {
+    {"sig_diff", native_sig_diff, METH_VARARGS, sig_diff_doc},
+    {"tree_splice", native_tree_splice, METH_VARARGS, tree_splice_doc},
+    {"tree_find", native_tree_find, METH_VARARGS, tree_find_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+int treesplice_add_functions(PyObject *module);
+
+int treesplice_add_functions(PyObject *module)
+{
+    return PyModule_AddFunctions(module, treesplice_methods);
+}
