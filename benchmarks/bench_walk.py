@@ -14,14 +14,17 @@ copied once with ``cp -a`` into the scratch directory, never touched where it li
   before (``_scan_tree`` off: one ``scan_dir`` call per directory from Python).
 
 The capture is ``capture()`` with a hash-only sink and the files cache already loaded
-(``dircache.load``, timed apart: a checkpoint pays it too). Prints best-of and median
-times, and the ratios of the best times against ``find``. Run as any user who can read the
-layers: ``.venv/bin/python benchmarks/bench_walk.py [--reps 9] [--out FILE]``.
+(``dircache.load``, timed apart); the checkpoint is ``Engine.create()`` with no journal,
+as a daemon's first after its start: the files cache loaded, the walk, the commit. Prints
+best-of and median times, and the ratios of the best times against ``find``. Run as any
+user who can read the layers: ``.venv/bin/python benchmarks/bench_walk.py [--reps 9]
+[--out FILE]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -30,6 +33,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from sprite_env.checkpoints import Engine
 from sprite_env.checkpoints.hashonly import HashOnlySink
 from sprite_env.snapshot import capture as capture_mod
 from sprite_env.snapshot import dircache
@@ -37,7 +41,7 @@ from sprite_env.snapshot.capture import capture
 from sprite_env.store import open_store
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
 BENCH_DATA = os.environ.get("BENCH_DATA", "/tmp/bench-data")
 
@@ -51,6 +55,18 @@ def _layer(profile: str, scratch: str) -> str:
         subprocess.run(["cp", "-a", src, dest + ".tmp"], check=True)
         os.rename(dest + ".tmp", dest)
     return dest
+
+
+@contextlib.contextmanager
+def _walk(native: bool) -> Iterator[None]:
+    """The capture's full walk with the native ``scan_tree``, or as it was before it."""
+    saved = capture_mod._scan_tree
+    if not native:
+        capture_mod._scan_tree = None
+    try:
+        yield
+    finally:
+        capture_mod._scan_tree = saved
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -68,6 +84,9 @@ def bench(profile: str, scratch: str, reps: int) -> dict[str, object]:
     store_dir = os.path.join(scratch, f"store-{profile}")
     fresh = not os.path.isdir(store_dir)
     store = open_store(store_dir, create=fresh)
+    # a checkpoint as the daemon takes one after its start (no journal yet): files cache
+    # loaded, full walk, commit; in a store of its own
+    engine = Engine(layer, os.path.join(scratch, f"engine-{profile}"))
     try:
         with store.writer() as w:  # fills (or refreshes) the files cache
             r = capture(layer, w, store.read, dircache.load(store.catalog))
@@ -79,24 +98,31 @@ def bench(profile: str, scratch: str, reps: int) -> dict[str, object]:
 
         def walk(native: bool) -> Callable[[], object]:
             def run() -> object:
-                saved = capture_mod._scan_tree
-                if not native:
-                    capture_mod._scan_tree = None
-                try:
+                with _walk(native):
                     sink = HashOnlySink(store)
                     res = capture(layer, sink, sink.read, cache)
-                finally:
-                    capture_mod._scan_tree = saved
                 assert res.stats.files_read == 0, "the layer changed during the benchmark"
                 return res
 
             return run
 
+        def checkpoint(native: bool) -> Callable[[], object]:
+            def run() -> object:
+                with _walk(native):
+                    cp = engine.create("bench_walk: no change")
+                assert cp.walk == "full"
+                return cp
+
+            return run
+
+        engine.create("bench_walk: fills the files cache")
         tools = {
             "find": _find(layer),
             "find -printf stat": _find(layer, "-printf", "%i %s %T@ %C@ %m\\n"),
             "capture, native walk": walk(True),
             "capture, per-directory walk": walk(False),
+            "checkpoint, native walk": checkpoint(True),
+            "checkpoint, per-directory walk": checkpoint(False),
         }
         for fn in tools.values():  # warm the page cache and the dentries
             fn()
@@ -107,6 +133,7 @@ def bench(profile: str, scratch: str, reps: int) -> dict[str, object]:
         stats = r.stats
     finally:
         store.close()
+        engine.close()
     best = {k: min(v) for k, v in times.items()}
     return {
         "layer": profile,
@@ -137,10 +164,10 @@ def main() -> None:
             f"\n{profile}: {res['files']} files, {res['dirs']} dirs; files cache load "
             f"{res['load_files_cache_s']:.3f} s"
         )
-        print(f"  {'':<28} {'best s':>8} {'median s':>9} {'x find':>7} {'x stat walk':>12}")
+        print(f"  {'':<31} {'best s':>8} {'median s':>9} {'x find':>7} {'x stat walk':>12}")
         for k, b in res["best_s"].items():  # type: ignore[attr-defined]
             print(
-                f"  {k:<28} {b:>8.3f} {res['median_s'][k]:>9.3f}"  # type: ignore[index]
+                f"  {k:<31} {b:>8.3f} {res['median_s'][k]:>9.3f}"  # type: ignore[index]
                 f" {res['vs_find'][k]:>7.2f} {res['vs_find_stat'][k]:>12.2f}"  # type: ignore[index]
             )
     print(f"\nload after: {os.getloadavg()[0]:.2f}")
