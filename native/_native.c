@@ -14,6 +14,7 @@
 
 #include "dirscan.h"
 #include "fastcdc.h"
+#include "pagesum.h"
 #include "treescan.h"
 
 int treesplice_add_functions(PyObject *module); /* treesplice_py.c */
@@ -391,12 +392,275 @@ out:
     return result;
 }
 
+PyDoc_STRVAR(page_sums_doc,
+"page_sums(buf, start, key, /)\n"
+"--\n"
+"\n"
+"Return the digests of buf's windows, buf holding a file's bytes from offset\n"
+"start: buf cut at every multiple of 4096 of the file's offsets, each piece's\n"
+"BLAKE3 keyed with key (32 bytes), truncated to 16 bytes, concatenated. The GIL\n"
+"is released meanwhile. Raises ValueError for a key that is not 32 bytes.");
+
+static int page_key(const Py_buffer *key)
+{
+    if (key->len != PAGESUM_KEY_LEN) {
+        PyErr_SetString(PyExc_ValueError, "the key must be 32 bytes");
+        return -1;
+    }
+    return 0;
+}
+
+/* A bytes object of n digests, or NULL with the exception set. */
+static PyObject *digests_of(uint64_t n)
+{
+    if (n > (uint64_t)PY_SSIZE_T_MAX / PAGESUM_LEN) {
+        return PyErr_NoMemory();
+    }
+    return PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(n * PAGESUM_LEN));
+}
+
+static PyObject *native_page_sums(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_buffer view, key;
+    unsigned long long start;
+    if (!PyArg_ParseTuple(args, "y*Ky*:page_sums", &view, &start, &key)) {
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if (page_key(&key) == 0 &&
+        (out = digests_of(pagesum_windows(start, (uint64_t)view.len))) != NULL) {
+        uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
+        if (view.len >= RELEASE_GIL_MIN_BYTES) {
+            Py_BEGIN_ALLOW_THREADS
+            pagesum_buf(key.buf, view.buf, (size_t)view.len, start, dst);
+            Py_END_ALLOW_THREADS
+        } else {
+            pagesum_buf(key.buf, view.buf, (size_t)view.len, start, dst);
+        }
+    }
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&key);
+    return out;
+}
+
+PyDoc_STRVAR(page_sums_fd_doc,
+"page_sums_fd(fd, ranges, key, threads, /)\n"
+"--\n"
+"\n"
+"Read the ranges of the file open at fd with pread and return their windows'\n"
+"digests (as page_sums() of each range's bytes), range after range. ranges is a\n"
+"buffer of native unsigned 64-bit (start, length) pairs (array('Q')). The GIL is\n"
+"released; up to `threads` threads hash side by side. Raises OSError (ENODATA if\n"
+"the file ends before a range does) and ValueError.");
+
+static PyObject *native_page_sums_fd(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    int fd, threads;
+    Py_buffer rbuf, key;
+    if (!PyArg_ParseTuple(args, "iy*y*i:page_sums_fd", &fd, &rbuf, &key, &threads)) {
+        return NULL;
+    }
+    PyObject *out = NULL;
+    struct pagesum_range *ranges = NULL;
+    size_t count = (size_t)rbuf.len / sizeof *ranges;
+    if (page_key(&key) != 0) {
+        goto done;
+    }
+    if ((size_t)rbuf.len % sizeof *ranges != 0 || threads < 1) {
+        PyErr_SetString(PyExc_ValueError, "ranges must be (start, length) pairs of u64");
+        goto done;
+    }
+    ranges = PyMem_Malloc(count * sizeof *ranges + 1); /* a copy: aligned, and ours */
+    if (ranges == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(ranges, rbuf.buf, count * sizeof *ranges);
+    uint64_t total = 0;
+    for (size_t i = 0; i < count; i++) {
+        if (ranges[i].start > UINT64_MAX / 2 || ranges[i].len > UINT64_MAX / 2) {
+            PyErr_SetString(PyExc_ValueError, "a range is out of bounds");
+            goto done;
+        }
+        total += pagesum_windows(ranges[i].start, ranges[i].len);
+    }
+    if ((out = digests_of(total)) == NULL) {
+        goto done;
+    }
+    uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pagesum_fd(fd, ranges, count, key.buf, (unsigned)threads, dst);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        Py_CLEAR(out);
+        errno = rc;
+        PyErr_SetFromErrno(PyExc_OSError);
+    }
+done:
+    PyMem_Free(ranges);
+    PyBuffer_Release(&rbuf);
+    PyBuffer_Release(&key);
+    return out;
+}
+
+PyDoc_STRVAR(page_sums_compare_doc,
+"page_sums_compare(fd, ranges, key, expected, threads, /)\n"
+"--\n"
+"\n"
+"page_sums_fd(), compared with the digests `expected` (as many as it returns).\n"
+"Returns (digests, runs): runs are the maximal runs of changed windows within\n"
+"one range, each (range index, file offset, bytes), the bytes those windows were\n"
+"hashed from. Raises as page_sums_fd(), and ValueError for a wrong `expected`.");
+
+/* The runs of consecutive changed windows of one range, as a list of tuples. */
+static PyObject *runs_of(const struct pagesum_diff *d)
+{
+    PyObject *runs = PyList_New(0);
+    size_t i = 0;
+    while (runs != NULL && i < d->count) {
+        const struct pagesum_change *c = &d->changes[i];
+        size_t j = i + 1, len = (size_t)c->len;
+        while (j < d->count && d->changes[j].window == d->changes[j - 1].window + 1 &&
+               d->changes[j].range == c->range) {
+            len += (size_t)d->changes[j].len;
+            j++;
+        }
+        PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len);
+        PyObject *run = NULL;
+        if (data != NULL) {
+            char *dst = PyBytes_AS_STRING(data);
+            for (size_t k = i; k < j; k++) {
+                memcpy(dst, d->bytes + d->changes[k].offset, (size_t)d->changes[k].len);
+                dst += d->changes[k].len;
+            }
+            run = Py_BuildValue("(KKN)", (unsigned long long)c->range,
+                                (unsigned long long)c->start, data);
+        }
+        if (run == NULL || PyList_Append(runs, run) != 0) {
+            Py_XDECREF(run);
+            Py_CLEAR(runs);
+            break;
+        }
+        Py_DECREF(run);
+        i = j;
+    }
+    return runs;
+}
+
+static PyObject *native_page_sums_compare(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    int fd, threads;
+    Py_buffer rbuf, key, expected;
+    if (!PyArg_ParseTuple(args, "iy*y*y*i:page_sums_compare", &fd, &rbuf, &key, &expected,
+                          &threads)) {
+        return NULL;
+    }
+    PyObject *out = NULL, *result = NULL;
+    struct pagesum_range *ranges = NULL;
+    struct pagesum_diff diff = {NULL, 0, NULL, 0};
+    size_t count = (size_t)rbuf.len / sizeof *ranges;
+    if (page_key(&key) != 0) {
+        goto done;
+    }
+    if ((size_t)rbuf.len % sizeof *ranges != 0 || threads < 1) {
+        PyErr_SetString(PyExc_ValueError, "ranges must be (start, length) pairs of u64");
+        goto done;
+    }
+    ranges = PyMem_Malloc(count * sizeof *ranges + 1);
+    if (ranges == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(ranges, rbuf.buf, count * sizeof *ranges);
+    uint64_t total = 0;
+    for (size_t i = 0; i < count; i++) {
+        if (ranges[i].start > UINT64_MAX / 2 || ranges[i].len > UINT64_MAX / 2) {
+            PyErr_SetString(PyExc_ValueError, "a range is out of bounds");
+            goto done;
+        }
+        total += pagesum_windows(ranges[i].start, ranges[i].len);
+    }
+    if ((uint64_t)expected.len != total * PAGESUM_LEN) {
+        PyErr_SetString(PyExc_ValueError, "expected digests of another length");
+        goto done;
+    }
+    if ((out = digests_of(total)) == NULL) {
+        goto done;
+    }
+    uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pagesum_fd_diff(fd, ranges, count, key.buf, expected.buf, (unsigned)threads, dst,
+                         &diff);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        errno = rc;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    PyObject *runs = runs_of(&diff);
+    if (runs != NULL) {
+        result = PyTuple_Pack(2, out, runs);
+        Py_DECREF(runs);
+    }
+done:
+    Py_XDECREF(out);
+    pagesum_diff_free(&diff);
+    PyMem_Free(ranges);
+    PyBuffer_Release(&rbuf);
+    PyBuffer_Release(&key);
+    PyBuffer_Release(&expected);
+    return result;
+}
+
+PyDoc_STRVAR(page_sums_diff_doc,
+"page_sums_diff(a, b, /)\n"
+"--\n"
+"\n"
+"Return the indices of the 16-byte digests that differ between a and b, two\n"
+"buffers of the same length, a multiple of 16. Raises ValueError otherwise.");
+
+static PyObject *native_page_sums_diff(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_buffer a, b;
+    if (!PyArg_ParseTuple(args, "y*y*:page_sums_diff", &a, &b)) {
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if (a.len != b.len || (size_t)a.len % PAGESUM_LEN != 0) {
+        PyErr_SetString(PyExc_ValueError, "digests of unequal lengths");
+    } else if ((out = PyList_New(0)) != NULL) {
+        const uint8_t *pa = a.buf, *pb = b.buf;
+        size_t n = (size_t)a.len / PAGESUM_LEN;
+        for (size_t i = 0; i < n; i++) {
+            if (memcmp(pa + i * PAGESUM_LEN, pb + i * PAGESUM_LEN, PAGESUM_LEN) == 0) {
+                continue;
+            }
+            PyObject *item = PyLong_FromSize_t(i);
+            if (item == NULL || PyList_Append(out, item) != 0) {
+                Py_XDECREF(item);
+                Py_CLEAR(out);
+                break;
+            }
+            Py_DECREF(item);
+        }
+    }
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    return out;
+}
+
 static PyMethodDef native_methods[] = {
     {"scan_dir", native_scan_dir, METH_VARARGS, scan_dir_doc},
     {"scan_tree", native_scan_tree, METH_VARARGS, scan_tree_doc},
     {"cut_points", (PyCFunction)(void (*)(void))native_cut_points,
      METH_VARARGS | METH_KEYWORDS, cut_points_doc},
     {"gear_table", native_gear_table, METH_NOARGS, gear_table_doc},
+    {"page_sums", native_page_sums, METH_VARARGS, page_sums_doc},
+    {"page_sums_fd", native_page_sums_fd, METH_VARARGS, page_sums_fd_doc},
+    {"page_sums_diff", native_page_sums_diff, METH_VARARGS, page_sums_diff_doc},
+    {"page_sums_compare", native_page_sums_compare, METH_VARARGS, page_sums_compare_doc},
     {NULL, NULL, 0, NULL},
 };
 

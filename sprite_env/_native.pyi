@@ -23,6 +23,44 @@ def cut_points(
 def gear_table() -> tuple[int, ...]:
     """Returns the kernel's 256-entry gear table."""
 
+def page_sums(buf: Buffer, start: int, key: Buffer, /) -> bytes:
+    """The digests of the windows of ``buf``, a file's bytes from offset ``start``: 16
+    bytes of keyed BLAKE3 (``key``: 32 bytes) per window, the windows cut at every
+    multiple of 4096 of the file's offsets (``snapshot/pagesums.py``). GIL released.
+
+    Raises:
+        ValueError: the key is not 32 bytes.
+    """
+
+def page_sums_fd(fd: int, ranges: Buffer, key: Buffer, threads: int, /) -> bytes:
+    """``page_sums`` of each range of the file open at ``fd``, concatenated: ``ranges`` is
+    native u64 ``(start, length)`` pairs (``array('Q')``), read with ``pread`` and hashed
+    on up to ``threads`` threads, the GIL released.
+
+    Raises:
+        OSError: a read failed; ``ENODATA`` if the file ended before a range did.
+        ValueError: a bad key, ranges or thread count.
+    """
+
+def page_sums_compare(
+    fd: int, ranges: Buffer, key: Buffer, expected: Buffer, threads: int, /
+) -> tuple[bytes, list[tuple[int, int, bytes]]]:
+    """``page_sums_fd``, compared with the digests ``expected`` (as many): returns the
+    digests and the maximal runs of changed windows within one range, each ``(range index,
+    file offset, the bytes those windows were hashed from)``.
+
+    Raises:
+        OSError: as ``page_sums_fd``.
+        ValueError: as ``page_sums_fd``, or ``expected`` of another length.
+    """
+
+def page_sums_diff(a: Buffer, b: Buffer, /) -> list[int]:
+    """The indices of the 16-byte digests that differ between ``a`` and ``b``.
+
+    Raises:
+        ValueError: unequal lengths, or not a multiple of 16.
+    """
+
 def scan_dir(
     fd: int, now_ns: int, racy_ns: int, root_dev: int, /
 ) -> tuple[bytes, list[bytes], int, int, int, int, bool]:

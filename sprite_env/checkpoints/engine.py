@@ -39,7 +39,7 @@ from sprite_env.checkpoints.registry import Checkpoint, Registry
 from sprite_env.errors import SnapshotError, SpriteError, StoreError, UserError
 from sprite_env.journal import ChangeJournal, Epoch, open_epoch
 from sprite_env.overlay.merge import MergedTrees
-from sprite_env.snapshot import dircache, plan, preflight
+from sprite_env.snapshot import dircache, pagesums, plan, preflight
 from sprite_env.snapshot.capture import CaptureResult, CaptureStats, Excludes, capture
 from sprite_env.snapshot.diff import Change, Counted, Difference, count_changes
 from sprite_env.snapshot.paths import (
@@ -416,6 +416,7 @@ class Engine:
                     progress=(lambda s: progress("capture", s)) if progress else None,
                     hint=ep.hint,
                     reread=ep.reread,
+                    page_sums=pagesums.Lookup(self.store.catalog),
                 )
             w.flush()
             walk = ep.walked(r)
@@ -465,6 +466,7 @@ class Engine:
                 progress=(lambda s: progress("prewarm", s)) if progress else None,
                 hint=ep.hint,
                 reread=ep.reread,
+                page_sums=pagesums.Lookup(self.store.catalog),
             )
             w.flush()
             r.walk, r.walk_reason = ep.walked(r)
@@ -476,7 +478,12 @@ class Engine:
     def _capture_live(self) -> tuple[CaptureResult, HashOnlySink]:
         sink = HashOnlySink(self.store)
         r = capture(
-            self.root, sink, sink.read, dircache.load(self.store.catalog), excludes=self.excludes
+            self.root,
+            sink,
+            sink.read,
+            dircache.load(self.store.catalog),
+            excludes=self.excludes,
+            page_sums=pagesums.Lookup(self.store.catalog),  # read only: its new ones are not saved
         )
         return r, sink
 
@@ -1274,6 +1281,7 @@ def _files_cache(store: Store, ep: Epoch) -> Mapping[bytes, dircache.CachedDir]:
 
 def _save_cache(db: Any, r: CaptureResult) -> None:
     dircache.save(db, r.cache_changed, r.cache_removed, removed_trees=r.cache_removed_trees)
+    pagesums.save(db, r.page_sums, r.cache_changed, r.cache_removed, r.cache_removed_trees)
 
 
 def _checkpoint(

@@ -64,6 +64,7 @@ import stat
 import sys
 import threading
 import time
+from array import array
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -71,9 +72,10 @@ from typing import Protocol
 
 from sprite_env.errors import SnapshotError, SpriteError
 from sprite_env.ids import ObjectId
-from sprite_env.snapshot import dircache
+from sprite_env.snapshot import dircache, pagesums
 from sprite_env.snapshot.dircache import RACY_NS, CachedDir, Sig, is_racy, sig_of
 from sprite_env.snapshot.fsmeta import O_DIR, proc_path, read_xattrs
+from sprite_env.snapshot.pagesums import PageSums
 from sprite_env.snapshot.tree import (
     INLINE_CHUNKS,
     Kind,
@@ -250,6 +252,8 @@ class CaptureResult:
     walk: str = "full"
     walk_reason: str = ""
     memo: WalkMemo | None = None
+    #: The page digests of the big files read, by path, to save (``pagesums.save``).
+    page_sums: dict[bytes, PageSums] = field(default_factory=dict)
 
 
 @dataclass
@@ -277,6 +281,8 @@ class Excludes:
 Progress = Callable[[CaptureStats], None]
 OnWarning = Callable[[CaptureWarning], None]
 ReadTree = Callable[[ObjectId], bytes]
+#: A file's page digests as last saved, by path (``pagesums.Lookup``).
+PageSumsLookup = Callable[[bytes], PageSums | None]
 
 
 def _join(rel: bytes, name: bytes) -> bytes:
@@ -352,8 +358,14 @@ class Capturer:
         on_warning: OnWarning | None = None,
         hint: WalkHint | None = None,
         reread: frozenset[bytes] = frozenset(),
+        page_sums: PageSumsLookup | None = None,
+        page_sums_out: dict[bytes, PageSums] | None = None,
     ) -> None:
         self.root = root
+        #: Where the page digests of big files are looked up (None: never made or used),
+        #: and where those this capture makes go (by path; see ``pagesums.py``).
+        self.page_sums = page_sums if pagesums.NATIVE else None
+        self.page_sums_out = page_sums_out if page_sums_out is not None else {}
         self.sink = sink
         self.read_tree = read_tree
         self.cache = cache
@@ -994,12 +1006,16 @@ class Capturer:
         ``prev`` is the file's entry in the previous capture when it was changed in place.
         """
         pieces = None
+        old_sums = None
         if prev is not None and prev.kind is Kind.FILE:
             try:
                 raw = self.read_tree(ObjectId(prev.payload)) if prev.indirect else prev.payload
                 pieces = decode_chunks(raw)
             except SpriteError:
                 pieces = None
+            if pieces is not None and self.page_sums is not None:
+                pid = prev.payload if prev.indirect else object_id(raw)
+                old_sums = self._old_sums(rel, pid, pieces)
         try:
             fd = os.open(name, _O_FILE, dir_fd=dirfd)
         except OSError as e:
@@ -1010,7 +1026,7 @@ class Capturer:
                 return None
             raise CaptureFailed(rel, e) from e
         try:
-            entry, st_after = self._read_file(fd, rel, name, link, pieces)
+            entry, st_after = self._read_file(fd, rel, name, link, pieces, old_sums)
         except OSError as e:
             if e.errno in (errno.ENOSPC, errno.EDQUOT):  # the store's disk, not this file
                 raise
@@ -1023,10 +1039,28 @@ class Capturer:
             self.link_payload[st.st_ino] = entry
         return entry, st_after
 
+    def _old_sums(self, rel: bytes, pid: bytes, pieces: list[Piece]) -> PageSums | None:
+        """The saved page digests of ``rel`` if they are those of ``pieces`` (chunk list id
+        ``pid``); else None, and the file is compared against the store."""
+        assert self.page_sums is not None
+        ps = self.page_sums(rel)
+        if ps is None or ps.pieces != pid:
+            return None  # none yet, or of another version (a restore, another file)
+        if len(ps.sums) != pagesums.SUM_LEN * pagesums.window_count(pieces):
+            return None
+        return ps
+
     def _pieces(
-        self, fd: int, size: int, regions: list[tuple[int, int]], pos: int
+        self,
+        fd: int,
+        size: int,
+        regions: list[tuple[int, int]],
+        pos: int,
+        sums: list[bytes | _Span] | None = None,
+        key: bytes = b"",
     ) -> tuple[list[Piece], int]:
-        """Chunks ``[pos, size)`` with the content-defined chunker; holes stay holes."""
+        """Chunks ``[pos, size)`` with the content-defined chunker; holes stay holes. With
+        ``sums``, appends the page digests of each chunk (keyed with ``key``)."""
         chunks: list[Piece] = []
         for start, end in regions:
             if end <= pos:
@@ -1037,8 +1071,12 @@ class Capturer:
             if start > pos:
                 chunks.append((None, 0, start - pos))  # a hole, recorded, never read
             os.lseek(fd, start, os.SEEK_SET)
+            at = start
             for chunk in self.chunker.chunks_of_fd(fd, limit=end - start):
                 chunks.append((self.sink.put(bytes(chunk), ObjectKind.DATA), 0, len(chunk)))
+                if sums is not None:  # from the bytes stored: the digests describe them
+                    sums.append(pagesums.digests(chunk, at, key))
+                at += len(chunk)
                 with self._stats_lock:
                     self.stats.bytes_read += len(chunk)
             pos = end
@@ -1047,33 +1085,73 @@ class Capturer:
         return chunks, size
 
     def _pieces_in_place(
-        self, fd: int, size: int, regions: list[tuple[int, int]], prev: list[Piece]
-    ) -> tuple[list[Piece], int]:
+        self,
+        fd: int,
+        size: int,
+        regions: list[tuple[int, int]],
+        prev: list[Piece],
+        old: PageSums | None = None,
+        key: bytes | None = None,
+    ) -> tuple[list[Piece], int, list[bytes | _Span] | None]:
         """Compares a file changed in place with its previous pieces, page by page.
 
-        A previous piece whose bytes are unchanged is kept (a whole-object piece is
-        checked by its hash, a slice against the old object's bytes); a changed one is
-        compared in ``PAGE``-sized windows aligned to file offsets, the equal windows kept
-        as slices of the old object and each run of changed windows stored as one new
-        object. A database that rewrote 6% of its pages stores about 6% of its size, where
-        whole-chunk comparison would store the ~60% of chunks those pages touch.
+        A previous piece whose bytes are unchanged is kept; a changed one is compared in
+        windows (the piece cut at every multiple of ``PAGE`` of the file's offsets, where
+        databases write), the equal windows kept as slices of the old object and each run
+        of changed windows stored as one new object. A database that rewrote 6% of its
+        pages stores about 6% of its size, where whole-chunk comparison would store the
+        ~60% of chunks those pages touch.
+
+        With ``old``, the digests of the previous pieces' windows (``pagesums.py``), the
+        windows are told apart by digest: the file is read once and hashed in C on both
+        cores, and nothing of the old version is read (``benchmarks/bench_inplace.py``).
+        Without it, each piece is read and checked by its hash (a whole object) or against
+        the old object's bytes, read back from the store. Both ways give the same pieces.
+
+        Returns:
+            The pieces, the size, and with ``key`` the new vector's parts (digests keyed
+            with ``key``, and spans of the windows compared by digest: see
+            :meth:`_compare_sums`), else None.
         """
+        sums: list[bytes | _Span] | None = [] if key is not None else None
         out: list[Piece] = []
-        pos = 0
+        # pieces compared by digest: (index in out, pos, n, oid, off, old vector's window)
+        plan: list[tuple[int, int, int, ObjectId, int, int]] = []
+        dense = regions == [(0, size)]  # no hole anywhere: no region to look up
+        by_sums = old is not None and sums is not None
+        pos = win = cur = 0
         old_id: ObjectId | None = None
         old_bytes = b""
-        for oid, off, n in prev:
+        for oid, off, full in prev:
             if pos >= size:
                 break
-            n = min(n, size - pos)
-            if _in_hole(regions, pos, n):
+            n = min(full, size - pos)
+            w = win
+            if oid is not None:
+                win += (pos + full - 1) // PAGE - pos // PAGE + 1  # its windows
+            if not dense and _in_hole(regions, pos, n):
                 out.append((None, 0, n))
                 pos += n
                 continue
-            if oid is None or not _in_data(regions, pos, n):
+            if oid is None or not (dense or _in_data(regions, pos, n)):
                 # holes appeared or were filled here: chunk this range afresh, holes exact
-                fresh, _ = self._pieces(fd, pos + n, regions, pos)
+                fresh, _ = self._pieces(fd, pos + n, regions, pos, sums, key or b"")
                 out.extend(fresh)
+                pos += n
+                continue
+            if by_sums and (n == full or (pos + n) % PAGE == 0):
+                # its windows are those the vector has (a cut at a page boundary keeps a
+                # prefix of them); it stays as it was unless a window's digest differs
+                assert sums is not None
+                nw = (pos + n - 1) // PAGE - pos // PAGE + 1
+                plan.append((len(out), pos, n, oid, off, w))
+                span = sums[-1] if sums else None
+                if isinstance(span, _Span) and span.end == cur:
+                    span.end = cur + nw
+                else:
+                    sums.append(_Span(cur, cur + nw))
+                cur += nw
+                out.append((oid, off, n))
                 pos += n
                 continue
             data = os.pread(fd, n, pos)
@@ -1087,9 +1165,90 @@ class Capturer:
                 if oid != old_id:
                     old_id, old_bytes = oid, self.read_tree(oid)
                 out.extend(self._compare_pages(pos, data, oid, old_bytes[off : off + n], off))
+            if sums is not None:
+                sums.append(pagesums.digests(data, pos, key or b""))
             pos += n
-        tail, _ = self._pieces(fd, size, regions, pos)
-        return out + tail, size
+        if plan:
+            assert old is not None
+            assert sums is not None
+            assert key is not None
+            try:
+                out = self._compare_sums(fd, plan, old, key, out, sums)
+            except _Shrank:  # the file ended before a window: read it the old way
+                return self._pieces_in_place(fd, size, regions, prev, None, key)
+        tail, _ = self._pieces(fd, size, regions, pos, sums, key or b"")
+        return out + tail, size, sums
+
+    def _compare_sums(
+        self,
+        fd: int,
+        plan: list[tuple[int, int, int, ObjectId, int, int]],
+        old: PageSums,
+        key: bytes,
+        out: list[Piece],
+        sums: list[bytes | _Span],
+    ) -> list[Piece]:
+        """Tells the planned pieces' windows apart by digest (one pass in C over their
+        bytes); returns ``out`` with each planned piece that has a changed window replaced
+        by its runs, and turns the spans in ``sums`` into the new digests.
+
+        A kept window keeps its digest (its bytes are the old ones); a changed run is
+        stored from the very bytes its digests were computed from (copied in the same
+        pass), so the vector describes the pieces even if the file moved meanwhile.
+
+        Raises:
+            _Shrank: the file ended before a planned window (the caller reads it again).
+        """
+        step = pagesums.SUM_LEN
+        expected: list[bytes] = []  # the old digests of the planned windows, in order
+        start = last = -1
+        ranges = array("Q")
+        for _, pos, n, _, _, w in plan:
+            ranges.append(pos)
+            ranges.append(n)
+            if w != last:  # not next in line in the old vector: pieces between were not
+                if last >= 0:
+                    expected.append(old.sums[start * step : last * step])
+                start = w
+            last = w + (pos + n - 1) // PAGE - pos // PAGE + 1
+        expected.append(old.sums[start * step : last * step])
+        try:
+            new, runs = pagesums.compare_fd(fd, ranges, key, b"".join(expected))
+        except OSError as e:
+            if e.errno == errno.ENODATA:
+                raise _Shrank from e
+            raise
+        with self._stats_lock:
+            self.stats.bytes_read += sum(ranges[1::2])
+        put_many = getattr(self.sink, "put_many", None)  # one catalog query per 500 runs
+        datas = [data for _, _, data in runs]
+        if put_many is not None:
+            ids: list[ObjectId] = put_many(datas, ObjectKind.DATA)
+        else:
+            ids = [self.sink.put(d, ObjectKind.DATA) for d in datas]
+        spliced: list[Piece] = []
+        done = 0
+        i = 0
+        while i < len(runs):
+            r = runs[i][0]
+            slot, pos, n, oid, off, _ = plan[r]
+            spliced.extend(out[done:slot])
+            at = pos
+            while i < len(runs) and runs[i][0] == r:
+                _, start, data = runs[i]
+                if start > at:
+                    spliced.append((oid, off + at - pos, start - at))
+                spliced.append((ids[i], 0, len(data)))
+                at = start + len(data)
+                i += 1
+            if at < pos + n:
+                spliced.append((oid, off + at - pos, pos + n - at))
+            done = slot + 1
+        spliced.extend(out[done:])
+        for j, part in enumerate(sums):
+            if isinstance(part, _Span):
+                sums[j] = new[part.start * step : part.end * step]
+        return spliced
 
     def _compare_pages(
         self, pos: int, data: bytes, oid: ObjectId, old: bytes, off: int
@@ -1115,18 +1274,32 @@ class Capturer:
         return out
 
     def _read_file(
-        self, fd: int, rel: bytes, name: bytes, link: bytes, prev: list[Piece] | None = None
+        self,
+        fd: int,
+        rel: bytes,
+        name: bytes,
+        link: bytes,
+        prev: list[Piece] | None = None,
+        old_sums: PageSums | None = None,
     ) -> tuple[TreeEntry | None, os.stat_result]:
+        # page digests for every big file, so that its first change in place is found
+        # without the store (the benchmark's database: one checkpoint, then the change)
+        key = None
+        if self.page_sums is not None:
+            key = old_sums.key if old_sums is not None else pagesums.new_key()
         for _attempt in range(READ_ATTEMPTS):
             before = os.fstat(fd)
             if not stat.S_ISREG(before.st_mode):
                 return None, before  # replaced by something else since the listing
             size = before.st_size
             regions = data_regions(fd, size)
+            sums: list[bytes | _Span] | None = None
             if prev is not None:
-                chunks, total = self._pieces_in_place(fd, size, regions, prev)
+                chunks, total, sums = self._pieces_in_place(fd, size, regions, prev, old_sums, key)
             else:
-                chunks, total = self._pieces(fd, size, regions, 0)
+                if key is not None and size >= IN_PLACE_MIN:
+                    sums = []
+                chunks, total = self._pieces(fd, size, regions, 0, sums, key or b"")
             after = os.fstat(fd)
             with self._stats_lock:
                 self.stats.files_read += 1
@@ -1142,6 +1315,11 @@ class Capturer:
         indirect = len(chunks) > INLINE_CHUNKS
         if indirect:
             payload = self.sink.put(payload, ObjectKind.CHUNKLIST)
+        if sums is not None and key is not None:
+            pid = payload if indirect else object_id(payload)
+            parts = [s for s in sums if isinstance(s, bytes)]
+            assert len(parts) == len(sums), "every span was filled in"
+            self.page_sums_out[rel] = PageSums(key, pid, b"".join(parts))
         entry = TreeEntry(
             name,
             Kind.FILE,
@@ -1157,6 +1335,19 @@ class Capturer:
             indirect=indirect,
         )
         return entry, after
+
+
+@dataclass(slots=True)
+class _Span:
+    """Windows ``[start, end)`` of the digest pass of ``_compare_sums``, in a vector's parts
+    until that pass fills them in (a dataclass: spans grow while the pass is planned)."""
+
+    start: int
+    end: int
+
+
+class _Shrank(Exception):
+    """The file ended before a window of the digest pass."""
 
 
 def _in_data(regions: list[tuple[int, int]], pos: int, n: int) -> bool:
@@ -1223,6 +1414,7 @@ def capture(
     on_warning: OnWarning | None = None,
     hint: WalkHint | None = None,
     reread: frozenset[bytes] = frozenset(),
+    page_sums: PageSumsLookup | None = None,
 ) -> CaptureResult:
     """Captures ``root`` into ``sink``.
 
@@ -1238,10 +1430,15 @@ def capture(
             (see the module docstring: "The journal's hint"); None walks everything.
         reread: files to read even if their signature matches the cache (files mapped
             shared and writable: see ``journal.WalkPlan.reread``).
+        page_sums: where the page digests of big files are looked up (``pagesums.Lookup``):
+            a file changed in place is then compared without reading its old version, and
+            every big file read gets new digests (``page_sums`` of the result). None:
+            neither.
 
     Returns:
-        The top tree's id, counters, warnings, the files-cache rows to write, and which
-        walk it took (``walk``, ``walk_reason``) with the memo for the next hint.
+        The top tree's id, counters, warnings, the files-cache rows and page digests to
+        write, and which walk it took (``walk``, ``walk_reason``) with the memo for the
+        next hint.
     """
     capturer = functools.partial(
         Capturer,
@@ -1252,18 +1449,23 @@ def capture(
         excludes=excludes,
         progress=progress,
         reread=reread,
+        page_sums=page_sums,
     )
     reason = ""
     if hint is not None:
         try:
-            r = capturer(hint=hint).run()
+            sums: dict[bytes, PageSums] = {}
+            r = capturer(hint=hint, page_sums_out=sums).run()
+            r.page_sums = sums
             if on_warning is not None:  # told once the walk is final (it may start again)
                 for w in r.warnings:
                     on_warning(w)
             return r
         except NewLinkGroup as e:
             reason = str(e)  # what it stored is kept (content-addressed); warnings are not
-    r = capturer(on_warning=on_warning).run()
+    sums = {}  # the full walk reads those files again: only its digests are saved
+    r = capturer(on_warning=on_warning, page_sums_out=sums).run()
+    r.page_sums = sums
     r.walk_reason = reason
     return r
 

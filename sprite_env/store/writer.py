@@ -25,6 +25,8 @@ from sprite_env.store.faults import crashpoint
 from sprite_env.store.pack import Entry, ObjectKind, PackWriter, pack_path
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from sprite_env.ids import ObjectId, PackName
     from sprite_env.store.repository import Store
 
@@ -97,8 +99,22 @@ class StoreWriter:
         self.put_known(oid, data, kind)
         return oid
 
-    def put_known(self, oid: ObjectId, data: bytes, kind: ObjectKind) -> bool:
-        """Like :meth:`put` for a caller that already hashed ``data``; True if new."""
+    def put_many(
+        self, datas: Sequence[bytes], kind: ObjectKind = ObjectKind.DATA
+    ) -> list[ObjectId]:
+        """:meth:`put` of each, asking the catalog about all of them in a few queries (the
+        changed pages of a database: 3.2k objects of 4 KiB, 60 ms asked one by one)."""
+        oids = [codec.object_id(d) for d in datas]
+        known = self.store.catalog.has_many(oids)
+        for oid, data in zip(oids, datas, strict=True):
+            self.put_known(oid, data, kind, oid in known)
+        return oids
+
+    def put_known(
+        self, oid: ObjectId, data: bytes, kind: ObjectKind, known: bool | None = None
+    ) -> bool:
+        """Like :meth:`put` for a caller that already hashed ``data``; True if new.
+        ``known``: whether the catalog has it, if the caller asked (None: asked here)."""
         self._raise_pending_error()
         n = len(data)
         with self._lock:
@@ -107,7 +123,9 @@ class StoreWriter:
             self._uncounted_offered += n
             if oid in self._pending:
                 return False
-        if self.store.catalog.has(oid) and oid not in self.store.damaged:
+        if known is None:
+            known = self.store.catalog.has(oid)
+        if known and oid not in self.store.damaged:
             return False
         with self._lock:
             if oid in self._pending:
