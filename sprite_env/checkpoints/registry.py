@@ -6,6 +6,11 @@ is never reused after a delete; automatic ones are ``auto-<UTC time>`` (for exam
 v-number. Rows live in the catalog's ``checkpoints`` table (schema in
 ``store/catalog.py``); each row is repeated in a small JSON META object in the store, so
 the registry can be rebuilt from the packs.
+
+This module owns the ``checkpoints`` table: no other module names it in SQL (a test greps
+for it, ``tests/store/test_table_owners.py``); its creation is a migration in
+``store/catalog.py``, where the whole schema is described. The checkpoint layer's keys of
+the catalog's ``meta`` table are declared in :data:`META_KEYS`.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from sprite_env.errors import UserError
 from sprite_env.ids import ObjectId
+from sprite_env.snapshot import dircache
+from sprite_env.store.catalog import get_meta
+from sprite_env.store.catalog import set_meta as set_catalog_meta
 from sprite_env.store.pack import ObjectKind
 
 if TYPE_CHECKING:
@@ -218,11 +226,23 @@ def insert(db: sqlite3.Connection, c: Checkpoint) -> None:
         set_meta(db, "last_auto", c.id)
 
 
+#: The checkpoint layer's keys of the catalog's ``meta`` table, and what each holds.
+META_KEYS: dict[str, str] = {
+    "next_seq": "the n of the next manual vN (v-numbers are never reused)",
+    "last_auto": "the id of the newest automatic checkpoint (for a same-second suffix)",
+    "active": "the checkpoint last created or restored (it cannot be deleted)",
+    "restore_intent": "JSON, present while a restore is unfinished (Engine.pending_restore)",
+    "gc_pending": "1, or JSON {problems, damaged}, while a delete's collection is unfinished",
+    "excludes": "JSON list of the patterns captures leave out (saved by --exclude)",
+    "cache_root": "the real path of the live tree the files cache describes",
+}
+
+
 def set_meta(db: sqlite3.Connection, key: str, value: str | None) -> None:
-    if value is None:
-        db.execute("DELETE FROM meta WHERE key=?", (key,))
-    else:
-        db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
+    """Sets (None: deletes) one of :data:`META_KEYS` inside an open transaction."""
+    if key not in META_KEYS:
+        raise ValueError(f"not a meta key of the checkpoint layer: {key!r}")
+    set_catalog_meta(db, key, value)
 
 
 def delete(db: sqlite3.Connection, cid: str) -> None:
@@ -238,24 +258,24 @@ def recover(store: Store) -> int:
     """
     known = {r[0] for r in store.catalog.query("SELECT id FROM checkpoints")}
     found: list[Checkpoint] = []
-    for (oid,) in store.catalog.query("SELECT id FROM objects WHERE kind=?", (ObjectKind.META,)):
+    for oid in store.catalog.ids_of_kind(ObjectKind.META):
         try:
-            d = json.loads(store.read(ObjectId(bytes(oid))))["checkpoint"]
+            d = json.loads(store.read(oid))["checkpoint"]
             d["top_tree"] = ObjectId(bytes.fromhex(d["top_tree"]))
-            cp = Checkpoint(**d, record=ObjectId(bytes(oid)))
+            cp = Checkpoint(**d, record=oid)
         except (ValueError, KeyError, TypeError):
             continue
         if cp.id not in known and store.has(cp.top_tree):
             found.append(cp)
     next_seq = int(store.catalog.meta("next_seq", "0") or 0)
     with store.catalog.transaction() as db:
-        db.execute("DELETE FROM dircache")
+        dircache.clear(db)
         for cp in found:
             insert(db, cp)
             if cp.seq is not None:
                 next_seq = max(next_seq, cp.seq + 1)
         set_meta(db, "next_seq", str(next_seq))
-        if db.execute("SELECT 1 FROM meta WHERE key='active'").fetchone() is None and found:
+        if get_meta(db, "active") is None and found:
             newest = max(found, key=lambda c: c.create_time_ns)
             set_meta(db, "active", newest.id)
     return len(found)

@@ -143,7 +143,7 @@ def verify_store(
         return out
     try:
         bad = dircache.bad_rows(store.catalog)
-        store.catalog.query("SELECT key, value FROM meta")  # every value decodes
+        store.catalog.meta_items()  # every value decodes
         rows = Registry(store.catalog).all()[::-1]
     except (StoreError, ValueError, TypeError) as e:
         report.rebuild_helps = True

@@ -1,6 +1,7 @@
 """The files cache: per directory, what was last captured or restored there.
 
-One row per directory of the live tree (table ``dircache``, see ``store/catalog.py``):
+One row per directory of the live tree (table ``dircache``, created by a migration in
+``store/catalog.py``; this module owns it, and no other names it in SQL):
 the directory's tree id and, for each child, the signature ``(inode, ctime_ns, size,
 mtime_ns)`` it had then. A capture that finds a child with the same signature reuses its
 previous entry without opening it (restic's rule: size, mtime, ctime and inode; st_dev is
@@ -143,6 +144,12 @@ class CachedDir:
 
     def sigs(self) -> dict[bytes, Sig]:
         return decode_sigs(self.stat)
+
+
+def clear(db: sqlite3.Connection) -> None:
+    """Empties the files cache inside an open transaction (the next capture reads every
+    file: after a ``rebuild``, whose trees may be gone, or for another live tree)."""
+    db.execute("DELETE FROM dircache")
 
 
 def purge_unreachable(db: sqlite3.Connection, live: Collection[bytes]) -> int:

@@ -36,12 +36,16 @@ walk TEXT, walk_reason TEXT)``
     Version 5: per big file last captured, the digests of its pages (a hint for the next
     capture of a change in place; never rebuilt, it refills itself). Its format is in
     ``snapshot/pagesums.py``, the one module that reads and writes it.
-``meta`` keys of this layer: ``next_seq`` (v-numbers are never reused), ``active`` (the
-checkpoint last created or restored), ``restore_intent`` (JSON, present while a restore is
-unfinished), ``gc_pending`` (present while a delete's collection is unfinished: ``1`` from
-the delete's transaction until the collection ends, or JSON ``{"problems": [lines],
-"damaged": [object ids in hex]}`` when damage kept it from finishing; see
-``Engine.collect``).
+``meta`` keys of this layer: declared, each with what it holds, in
+``checkpoints/registry.py`` (``META_KEYS``: ``next_seq``, ``last_auto``, ``active``,
+``restore_intent``, ``gc_pending``, ``excludes``, ``cache_root``), and set through
+:func:`set_meta`.
+
+Owners: each table belongs to one module, and SQL that names it lives only there (a test
+greps the package, ``tests/store/test_table_owners.py``): ``objects``, ``packs`` and
+``meta`` to ``store/`` (the checkpoint layer's meta keys go through :func:`set_meta`),
+``checkpoints`` to ``checkpoints/registry.py``, ``dircache`` to ``snapshot/dircache.py``,
+``pagesums`` to ``snapshot/pagesums.py``. The migrations below create them all.
 
 Damage: SQLite errors that mean a damaged file (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``, a
 schema or text that no longer parses) raise :class:`CatalogDamaged`, naming ``store
@@ -399,6 +403,17 @@ class Catalog:
             r = db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return default if r is None else str(r[0])
 
+    def meta_items(self) -> list[tuple[str, str]]:
+        """Every ``meta`` row (``verify`` proves each value decodes)."""
+        with self._reader() as db:
+            return [(str(k), str(v)) for k, v in db.execute("SELECT key, value FROM meta")]
+
+    def ids_of_kind(self, kind: int) -> list[ObjectId]:
+        """The ids of every object of ``kind`` (an ``ObjectKind``)."""
+        with self._reader() as db:
+            rows = db.execute("SELECT id FROM objects WHERE kind=?", (kind,)).fetchall()
+        return [ObjectId(bytes(r[0])) for r in rows]
+
 
 class _Transaction:
     def __init__(self, catalog: Catalog) -> None:
@@ -530,6 +545,21 @@ def delete_objects_past(
     return {ObjectId(bytes(r[0])) for r in rows}
 
 
+def get_meta(db: sqlite3.Connection, key: str) -> str | None:
+    """A ``meta`` value inside an open transaction (None if the key is absent)."""
+    r = db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+    return None if r is None else str(r[0])
+
+
+def set_meta(db: sqlite3.Connection, key: str, value: str | None) -> None:
+    """Sets (or, with None, deletes) a ``meta`` key inside an open transaction; the keys
+    of the checkpoint layer are declared in ``checkpoints/registry.py``."""
+    if value is None:
+        db.execute("DELETE FROM meta WHERE key=?", (key,))
+    else:
+        db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
+
+
 def add_meta_counter(db: sqlite3.Connection, key: str, delta: int) -> None:
     db.execute(
         "INSERT INTO meta(key, value) VALUES (?, ?) "
@@ -549,6 +579,8 @@ __all__ = [
     "catalog_error",
     "delete_objects_past",
     "delete_packs",
+    "get_meta",
     "insert_pack",
     "open_for_repair",
+    "set_meta",
 ]
