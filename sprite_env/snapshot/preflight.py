@@ -30,7 +30,14 @@ from typing import TYPE_CHECKING
 
 from sprite_env.errors import SnapshotError, SpriteError, StoreError
 from sprite_env.ids import ObjectId
-from sprite_env.snapshot.diff import Change, Difference, ReadTree, diff_trees, read_entries
+from sprite_env.snapshot.diff import (
+    Change,
+    Difference,
+    ReadTree,
+    TreeMemo,
+    diff_trees,
+    read_entries,
+)
 from sprite_env.snapshot.tree import Kind, Piece, TreeEntry, decode_chunks
 
 if TYPE_CHECKING:
@@ -82,6 +89,7 @@ def plan_needs(
     *,
     block: int = 4096,
     patch_min: int,
+    memo: TreeMemo | None = None,
 ) -> RestoreNeeds:
     """Walks the restore's diff (live -> target) and adds up what it will write and read.
 
@@ -92,6 +100,7 @@ def plan_needs(
         target_top: the target's top tree.
         block: the file system's block size, for rounding.
         patch_min: files at least this big are patched in place (``restore.PATCH_MIN``).
+        memo: trees decoded, kept for the restore that follows (``diff.TreeMemo``).
     """
     needs = RestoreNeeds()
 
@@ -108,7 +117,7 @@ def plan_needs(
         needs.data_bytes += -(-e.size // block) * block
 
     def whole_tree(path: bytes, tree: ObjectId) -> None:
-        for name, e in read_entries(read_object, tree).items():
+        for name, e in read_entries(read_object, tree, memo).items():
             child = path + b"/" + name
             if e.kind is Kind.DIR:
                 needs.entries += 1
@@ -149,7 +158,7 @@ def plan_needs(
     def pieces_live(e: TreeEntry) -> list[Piece]:
         return decode_chunks(read_tree(ObjectId(e.payload)) if e.indirect else e.payload)
 
-    for d in diff_trees(read_tree, live_top, target_top):
+    for d in diff_trees(read_tree, live_top, target_top, memo):
         one(d)
     return needs
 
