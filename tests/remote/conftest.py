@@ -1,0 +1,82 @@
+"""Fixtures of the remote store's tests: a real OpenStack Swift (s3api) on 127.0.0.1.
+
+``s3_server`` starts ``.ci/s3-server`` once per session (it installs Swift from Debian's
+packages if missing) and stops it at the end; ``storage`` gives each test a bucket of its
+own, with the server's address and keys in the standard AWS variables.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import subprocess
+import tempfile
+import uuid
+from typing import TYPE_CHECKING
+
+import pytest
+
+from sprite_env.store.s3 import S3Storage, StoreUrl
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", ".ci", "s3-server")
+
+
+def _free_ports(n: int) -> int:
+    """A base port whose next ``n`` ports are free on 127.0.0.1 (another run, or another
+    test session on this machine, may hold the default ones)."""
+    for _ in range(100):
+        base = random.randrange(20000, 60000)
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free ports for the S3 server")
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[dict[str, str]]:
+    """The server's ``AWS_*`` variables, as ``.ci/s3-server start`` prints them."""
+    if os.geteuid() != 0:
+        pytest.skip("the S3 server (Swift) needs root: packages, ports, its data")
+    env = dict(os.environ, S3_SERVER_PORT=str(_free_ports(5)))
+    with tempfile.TemporaryDirectory(prefix="s3-server-") as d:
+        try:
+            r = subprocess.run(
+                ["sh", SCRIPT, "start", d], env=env, capture_output=True, text=True, check=False
+            )
+            if r.returncode != 0:
+                pytest.fail(f".ci/s3-server start failed ({r.returncode}):\n{r.stderr}")
+            yield dict(ln.split("=", 1) for ln in r.stdout.splitlines() if ln.startswith("AWS_"))
+        finally:
+            subprocess.run(["sh", SCRIPT, "stop", d], env=env, check=True)
+
+
+@pytest.fixture
+def s3_env(s3_server: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The server's variables, set in this process for the test."""
+    for k in list(os.environ):
+        if k.startswith("AWS_"):
+            monkeypatch.delenv(k)
+    for k, v in s3_server.items():
+        monkeypatch.setenv(k, v)
+    return s3_server
+
+
+@pytest.fixture
+def storage(s3_env: dict[str, str]) -> S3Storage:
+    """A new, empty bucket; the store under the prefix ``store/``."""
+    s = S3Storage(StoreUrl(f"test-{uuid.uuid4().hex[:12]}", "store/"))
+    s.create_bucket()
+    return s
