@@ -210,6 +210,7 @@ struct walk {
     struct treescan_dir **stack; /* to open: each dir's parent fd is open */
     size_t depth, stack_cap;
     size_t busy; /* walkers holding a directory */
+    size_t idle; /* walkers waiting for one, not yet signalled */
     int error;   /* -ENOMEM: everything stops */
     struct treescan_result *out;
     size_t out_cap;
@@ -496,6 +497,8 @@ static void *walker(void *arg)
     }
     for (;;) {
         while (w->depth == 0 && w->busy > 0 && w->error == 0) {
+            w->idle++; /* the walker that signals it takes it off (a spurious wakeup only
+                        * leaves one too many: one more signal, no harm) */
             pthread_cond_wait(&w->wake, &w->lock);
         }
         if (w->depth == 0 || w->error != 0) {
@@ -521,7 +524,15 @@ static void *walker(void *arg)
             d->parent->dirty = 1;
             release_parent(d->parent);
         } else if (rc == 0) {
+            size_t before = w->depth;
             rc = push_children(w, d, &t);
+            /* wake only as many walkers as there is new work: a broadcast per directory
+             * cost 25% of a warm walk on 8 threads (2 cores) */
+            size_t n = w->depth - before < w->idle ? w->depth - before : w->idle;
+            w->idle -= n;
+            while (n-- > 0) {
+                pthread_cond_signal(&w->wake);
+            }
         } else {
             close(d->fd);
             d->fd = -1;
@@ -530,7 +541,9 @@ static void *walker(void *arg)
             w->error = rc;
         }
         w->busy--;
-        pthread_cond_broadcast(&w->wake);
+        if (w->error != 0 || (w->depth == 0 && w->busy == 0)) {
+            pthread_cond_broadcast(&w->wake); /* the end: every walker returns */
+        }
     }
     pthread_mutex_unlock(&w->lock);
     scratch_free(&t);
