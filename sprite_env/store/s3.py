@@ -163,7 +163,10 @@ def make_client() -> Any:
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     config = Config(
         s3={"addressing_style": "path" if endpoint else "auto"},
-        retries={"mode": "standard", "max_attempts": 6},
+        # Standard mode: exponential backoff with full jitter, on 5xx, SlowDown, throttling
+        # and connection errors; 6 attempts wait up to ~1+2+4+8+16 s (AWS_MAX_ATTEMPTS sets
+        # another bound, as for the AWS CLI).
+        retries={"mode": "standard", "max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS", 6))},
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
         connect_timeout=10,

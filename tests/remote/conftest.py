@@ -45,33 +45,60 @@ def _free_ports(n: int) -> int:
     raise RuntimeError("no free ports for the S3 server")
 
 
+class Server:
+    """One ``.ci/s3-server`` instance: its directory, base port and ``AWS_*`` variables."""
+
+    def __init__(self, directory: str) -> None:
+        if os.geteuid() != 0:
+            pytest.skip("the S3 server (Swift) needs root: packages, ports, its data")
+        self.dir = directory
+        self.port = _free_ports(5)
+        self.aws: dict[str, str] = {}
+
+    def _run(self, cmd: str) -> str:
+        env = dict(os.environ, S3_SERVER_PORT=str(self.port))
+        r = subprocess.run(
+            ["sh", SCRIPT, cmd, self.dir], env=env, capture_output=True, text=True, check=False
+        )
+        if r.returncode != 0:
+            pytest.fail(f".ci/s3-server {cmd} failed ({r.returncode}):\n{r.stderr}")
+        return r.stdout
+
+    def start(self) -> str:
+        out = self._run("start")
+        self.aws = dict(ln.split("=", 1) for ln in out.splitlines() if ln.startswith("AWS_"))
+        return out
+
+    def stop(self) -> None:
+        self._run("stop")
+
+
 @pytest.fixture(scope="session")
-def s3_server() -> Iterator[dict[str, str]]:
-    """The server's ``AWS_*`` variables, as ``.ci/s3-server start`` prints them."""
-    if os.geteuid() != 0:
-        pytest.skip("the S3 server (Swift) needs root: packages, ports, its data")
-    env = dict(os.environ, S3_SERVER_PORT=str(_free_ports(5)))
+def s3_server() -> Iterator[Server]:
+    """The suite's server, started once (installing Swift if needed) and stopped at the end."""
     with tempfile.TemporaryDirectory(prefix="s3-server-") as d:
+        server = Server(d)
         try:
-            r = subprocess.run(
-                ["sh", SCRIPT, "start", d], env=env, capture_output=True, text=True, check=False
-            )
-            if r.returncode != 0:
-                pytest.fail(f".ci/s3-server start failed ({r.returncode}):\n{r.stderr}")
-            yield dict(ln.split("=", 1) for ln in r.stdout.splitlines() if ln.startswith("AWS_"))
+            server.start()
+            yield server
         finally:
-            subprocess.run(["sh", SCRIPT, "stop", d], env=env, check=True)
+            server.stop()
 
 
 @pytest.fixture
-def s3_env(s3_server: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+def s3_env(s3_server: Server, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """The server's variables, set in this process for the test."""
+    return use_server(s3_server, monkeypatch)
+
+
+def use_server(server: Server, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Points the standard AWS variables of this process at ``server`` (for the test)."""
     for k in list(os.environ):
         if k.startswith("AWS_"):
             monkeypatch.delenv(k)
-    for k, v in s3_server.items():
+    for k, v in server.aws.items():
         monkeypatch.setenv(k, v)
-    return s3_server
+    return server.aws
 
 
 @pytest.fixture
