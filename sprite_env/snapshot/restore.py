@@ -31,7 +31,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from sprite_env.errors import SnapshotError
+from sprite_env.errors import SnapshotError, SpriteError
 from sprite_env.ids import ObjectId
 from sprite_env.snapshot import dircache
 from sprite_env.snapshot.capture import Excludes
@@ -57,6 +57,7 @@ from sprite_env.snapshot.fsmeta import (
 )
 from sprite_env.snapshot.tree import Kind, Piece, TreeEntry, decode_chunks
 from sprite_env.store.faults import crashpoint
+from sprite_env.store.ports import ObjectReader, reader_of
 
 _scan_dir: Callable[[int, int, int, int], tuple[bytes, list[bytes], int, int, int, int, bool]]
 try:
@@ -116,7 +117,7 @@ class Restorer:
         self,
         root: bytes,
         read_tree: ReadTree,
-        read_object: ReadObject,
+        read_object: ObjectReader | ReadObject,
         *,
         excludes: Excludes | None = None,
         progress: Progress | None = None,
@@ -129,7 +130,9 @@ class Restorer:
         # Each differing directory's two trees are decoded once: the files-cache refresh
         # reads the target's again, and a caller's preflight may have decoded them all.
         self._trees: TreeMemo = trees if trees is not None else {}
-        self.read_object = read_object
+        self.reader = reader_of(read_object)
+        #: Per writer thread: the objects its batch read ahead (see :meth:`_run_batch`).
+        self._ahead = threading.local()
         self.excludes = excludes or Excludes()
         self.progress = progress
         self.result = RestoreResult(RestoreStats())
@@ -317,7 +320,7 @@ class Restorer:
             return
         if e.kind is Kind.FILE and not e.link:
             # Reading, decompressing and writing a file's chunks runs on a writer thread.
-            writes.add(functools.partial(self._place, fd, name, path, e), e.size)
+            writes.add(functools.partial(self._place, fd, name, path, e), e.size, e)
             return
         if e.link:
             # The group's first member may still be queued or being written, in this
@@ -330,9 +333,9 @@ class Restorer:
             wait(inflight)
         self._place(fd, name, path, e)
 
-    def _submit(self, tasks: list[Callable[[], None]]) -> Future[None]:
+    def _submit(self, tasks: list[Callable[[], None]], files: list[TreeEntry]) -> Future[None]:
         assert self._writers is not None
-        fut = self._writers.submit(_run_all, tasks)
+        fut = self._writers.submit(self._run_batch, tasks, files)
         with self._lock:
             self._inflight.add(fut)
         fut.add_done_callback(self._landed)
@@ -373,15 +376,48 @@ class Restorer:
             if out >= 0:
                 os.close(out)
 
+    def _run_batch(self, tasks: list[Callable[[], None]], files: list[TreeEntry]) -> None:
+        """Runs a batch of writes on a writer thread, after one ``read_many`` of every
+        object of its ``files`` (whole small files, whose pieces the tree entry holds):
+        one catalog query and one ``pread`` per run of neighbours in a pack for the
+        batch, instead of one of each per object. A batch that cannot be read whole
+        (damage) is written file by file, so the error names the file that needs it."""
+        oids = list(
+            dict.fromkeys(
+                oid
+                for e in files
+                if not e.indirect
+                for oid, _off, _n in decode_chunks(e.payload)
+                if oid is not None
+            )
+        )
+        ahead: dict[ObjectId, bytes] = {}
+        if oids:
+            try:
+                ahead = dict(zip(oids, self.reader.read_many(oids), strict=True))
+            except SpriteError:
+                ahead = {}
+        self._ahead.objects = ahead
+        try:
+            _run_all(tasks)
+        finally:
+            self._ahead.objects = {}
+
     def _write_pieces(self, out: int, placed: list[tuple[int, Piece]]) -> None:
-        """Writes each piece's bytes at its file offset (consecutive slices of one object
-        read it once)."""
-        last: tuple[ObjectId | None, bytes] = (None, b"")
-        for at, (oid, off, n) in placed:
+        """Writes each piece's bytes at its file offset: objects the batch read ahead,
+        else read ``read_many`` at a time, about ``BATCH_BYTES`` of pieces each
+        (consecutive slices of one object read it once)."""
+        ahead: dict[ObjectId, bytes] = getattr(self._ahead, "objects", {})
+        window: dict[ObjectId, bytes] = {}
+        for k, (at, (oid, off, n)) in enumerate(placed):
             assert oid is not None
-            if last[0] != oid:
-                last = (oid, self.read_object(oid))
-            view = memoryview(last[1])[off : off + n]
+            data = ahead.get(oid)
+            if data is None:
+                data = window.get(oid)
+            if data is None:
+                window = self._read_window(placed, k, ahead)
+                data = window[oid]
+            view = memoryview(data)[off : off + n]
             if len(view) != n:
                 raise SnapshotError(f"chunk {oid.hex()[:16]} is shorter than its piece")
             while view:
@@ -390,6 +426,23 @@ class Restorer:
                 at += k
             with self._lock:
                 self.stats.bytes_written += n
+
+    def _read_window(
+        self, placed: list[tuple[int, Piece]], k: int, ahead: dict[ObjectId, bytes]
+    ) -> dict[ObjectId, bytes]:
+        """The objects of ``placed[k:]`` not read ahead, up to about ``BATCH_BYTES`` of
+        pieces (at least one), in one ``read_many``."""
+        oids: dict[ObjectId, None] = {}
+        size = 0
+        for _at, (oid, _off, n) in placed[k:]:
+            assert oid is not None
+            if oid in ahead or oid in oids:
+                continue
+            if oids and size + n > BATCH_BYTES:
+                break
+            oids[oid] = None
+            size += n
+        return dict(zip(oids, self.reader.read_many(list(oids)), strict=True))
 
     def _pieces_of(self, e: TreeEntry) -> list[Piece]:
         # read_tree: the live side's chunk list may exist only in a hash-only capture
@@ -572,7 +625,7 @@ class Restorer:
             finally:
                 os.close(mfd)
         if new.kind is Kind.FILE and not new.link:
-            writes.add(functools.partial(self._place, fd, name, path, new), new.size)
+            writes.add(functools.partial(self._place, fd, name, path, new), new.size, new)
         else:
             self._place(fd, name, path, new)
 
@@ -729,19 +782,24 @@ class _Writes:
     def __init__(self, restorer: Restorer) -> None:
         self._r = restorer
         self._tasks: list[Callable[[], None]] = []
+        self._files: list[TreeEntry] = []  # whole files to read ahead, all at once
         self._bytes = 0
         self._futures: list[Future[None]] = []
 
-    def add(self, task: Callable[[], None], size: int) -> None:
+    def add(self, task: Callable[[], None], size: int, whole: TreeEntry | None = None) -> None:
+        """Queues ``task``; ``whole``: the file it writes whole (its objects are read
+        with the batch's), None for a patch (which reads only the ranges that changed)."""
         self._tasks.append(task)
+        if whole is not None and size <= BATCH_BYTES:
+            self._files.append(whole)
         self._bytes += size
         if len(self._tasks) >= BATCH_FILES or self._bytes >= BATCH_BYTES:
             self.flush()
 
     def flush(self) -> None:
         if self._tasks:
-            self._futures.append(self._r._submit(self._tasks))
-            self._tasks, self._bytes = [], 0
+            self._futures.append(self._r._submit(self._tasks, self._files))
+            self._tasks, self._files, self._bytes = [], [], 0
 
     def wait(self) -> None:
         self.flush()
@@ -764,7 +822,7 @@ def _wait_all(futures: list[Future[None]]) -> None:
 def restore(
     root: str | bytes,
     read_tree: ReadTree,
-    read_object: ReadObject,
+    read_object: ObjectReader | ReadObject,
     live_top: ObjectId | None,
     target_top: ObjectId,
     *,
@@ -778,7 +836,9 @@ def restore(
     Args:
         root: the live tree.
         read_tree: reads tree objects (of both ``live_top`` and ``target_top``).
-        read_object: reads data and chunk-list objects of the target.
+        read_object: reads data and chunk-list objects of the target: an
+            :class:`~sprite_env.store.ports.ObjectReader` (the store: batches read with
+            ``read_many``), or a callable (read one object at a time).
         live_top: the top tree of a capture of ``root`` taken just before (None: compare
             against nothing, i.e. restore into an empty directory).
         target_top: the checkpoint's top tree.
