@@ -216,7 +216,7 @@ def push(store: Store, storage: ObjectStorage) -> PushReport:
             os.unlink(tmp)
 
 
-def _fetch_verified(storage: ObjectStorage, name: str, dest: str, digest: str) -> None:
+def fetch_verified(storage: ObjectStorage, name: str, dest: str, digest: str) -> None:
     """Downloads ``name`` to ``dest`` through a temporary name, if its BLAKE3 is ``digest``.
 
     Raises:
@@ -281,7 +281,7 @@ def pull(storage: ObjectStorage, store_dir: str) -> PullReport:
         for gen in gens:
             tmp = os.path.join(store.tmp_dir, f"pulled-{gen.number}.db")
             try:
-                _fetch_verified(storage, gen.name, tmp, gen.digest)
+                fetch_verified(storage, gen.name, tmp, gen.digest)
                 names = _names_in(tmp)
             except (RemoteStoreError, sqlite3.DatabaseError) as e:
                 skipped.append(f"{gen.name}: {e}")
@@ -304,7 +304,7 @@ def pull(storage: ObjectStorage, store_dir: str) -> PullReport:
         gen, tmp, names = chosen
         got = 0
         for name in names:
-            _fetch_verified(storage, f"packs/{name}.pack", pack_path(store.packs_dir, name), name)
+            fetch_verified(storage, f"packs/{name}.pack", pack_path(store.packs_dir, name), name)
             got += remote[f"packs/{name}.pack"]
         _fsync_dir(store.packs_dir)
         db = sqlite3.connect(tmp)
@@ -330,6 +330,7 @@ __all__ = [
     "PullReport",
     "PushReport",
     "RemoteStoreError",
+    "fetch_verified",
     "generations",
     "pull",
     "push",

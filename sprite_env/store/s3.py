@@ -36,6 +36,10 @@ class RemoteError(StoreError):
     """The object storage refused or failed a request (after boto3's retries)."""
 
 
+class RemoteNotFound(RemoteError):
+    """The bucket has no object of that name."""
+
+
 class BadStoreUrl(UserError):
     """A ``--store`` value that is no ``s3://BUCKET[/PREFIX]``."""
 
@@ -128,6 +132,9 @@ class S3Storage:
         except FileExistsError:
             raise
         except Exception as e:
+            code = getattr(e, "response", {}).get("Error", {}).get("Code")
+            if code in ("NoSuchKey", "404"):
+                raise RemoteNotFound(f"{self!r}: no object {name}") from None
             raise self._fail("download of", name, e) from None
 
     def list(self, under: str) -> dict[str, int]:
@@ -177,4 +184,4 @@ def make_client() -> Any:
     return session.client("s3", config=config)
 
 
-__all__ = ["BadStoreUrl", "RemoteError", "S3Storage", "StoreUrl", "make_client"]
+__all__ = ["BadStoreUrl", "RemoteError", "RemoteNotFound", "S3Storage", "StoreUrl", "make_client"]

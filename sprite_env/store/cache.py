@@ -1,0 +1,159 @@
+"""A bounded local cache of a remote store's packs: the object-storage ``PackOpener``.
+
+:class:`RemotePacks` gives the reader (``store/reader.py``'s :class:`PackFiles`) a
+descriptor of a local file holding a pack, as the local directory does; on a miss it
+downloads the pack from the bucket first. So a machine that pulled only a catalog reads
+(restores, browses) by fetching just the packs it touches.
+
+- A cache entry is ``<dir>/<name>.pack``, downloaded under a temporary name, verified
+  against its name (a pack's name is the BLAKE3 of its bytes) and renamed. Packs are
+  immutable, so an entry never goes stale and needs no invalidation; entries left by an
+  earlier process are used as they are (``open`` re-verifies none: a damaged one is found
+  by the reader's per-object hash, as in a local store).
+- The cache holds at most ``max_bytes``: after a fetch, the least recently opened entries
+  are unlinked until it fits (the pack just fetched is always kept, so one pack larger
+  than the bound still works). A reader holding a descriptor of an evicted entry keeps
+  reading it (an unlinked file stays readable; ``PackFiles`` closes such a descriptor when
+  its last reader lets go, so the space comes back).
+- Downloads of different packs run in parallel; two threads missing the same pack fetch
+  it once.
+
+Errors: a pack the bucket does not have is ``FileNotFoundError`` (the ``PackOpener``
+contract: the reader reports it as a missing pack); a failed request is
+:class:`~sprite_env.store.s3.RemoteError`; bytes that do not match the name are
+:class:`~sprite_env.store.remote.RemoteStoreError`, and nothing is cached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sprite_env import privacy
+from sprite_env.store.pack import pack_path
+from sprite_env.store.remote import fetch_verified
+from sprite_env.store.s3 import RemoteNotFound
+
+if TYPE_CHECKING:
+    from sprite_env.ids import PackName
+    from sprite_env.store.remote import ObjectStorage
+
+#: The default bound of a cache: 2 GiB, 64 packs of the 32 MiB target size.
+DEFAULT_MAX_BYTES = 2 << 30
+
+
+@dataclass
+class CacheStats:
+    """What a :class:`RemotePacks` did since it was made."""
+
+    hits: int = 0
+    fetched: int = 0
+    bytes_fetched: int = 0
+    evicted: int = 0
+
+
+class RemotePacks:
+    """The :class:`~sprite_env.store.ports.PackOpener` of a store in object storage, with
+    a bounded cache in ``cache_dir``; see the module docstring. Thread-safe.
+
+    Args:
+        storage: the bucket (names relative to the store's prefix).
+        cache_dir: the cache (made 0700 if missing).
+        max_bytes: the bound on the cached packs' total size.
+    """
+
+    def __init__(
+        self, storage: ObjectStorage, cache_dir: str, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
+        self.storage = storage
+        self.dir = cache_dir
+        self.max_bytes = max_bytes
+        self.stats = CacheStats()
+        privacy.make_dir(cache_dir)
+        self._lock = threading.Lock()
+        self._fetching: dict[str, threading.Lock] = {}
+        # name -> size, least recently opened first; an earlier process's entries by mtime
+        found = []
+        for fname in os.listdir(cache_dir):
+            path = os.path.join(cache_dir, fname)
+            if fname.endswith(".part"):  # a download cut short
+                os.unlink(path)
+            elif fname.endswith(".pack"):
+                st = os.stat(path)
+                found.append((st.st_mtime_ns, fname[: -len(".pack")], st.st_size))
+        self._entries: OrderedDict[str, int] = OrderedDict(
+            (name, size) for _, name, size in sorted(found)
+        )
+
+    def cached_bytes(self) -> int:
+        with self._lock:
+            return sum(self._entries.values())
+
+    def open(self, name: PackName) -> int:
+        """A read-only descriptor of the pack's cache entry, fetched first on a miss.
+
+        Raises:
+            FileNotFoundError: the bucket has no such pack.
+            RemoteError: the download failed.
+            RemoteStoreError: the downloaded bytes are not the pack's.
+        """
+        fd = self._open_cached(name)
+        if fd is not None:
+            return fd
+        with self._lock:
+            gate = self._fetching.setdefault(name, threading.Lock())
+        with gate:  # one download per pack, however many threads miss it
+            fd = self._open_cached(name)
+            if fd is not None:
+                return fd
+            path = pack_path(self.dir, name)
+            try:
+                fetch_verified(self.storage, f"packs/{name}.pack", path, name)
+            except RemoteNotFound:
+                raise FileNotFoundError(f"pack {name} is not in {self.storage!r}") from None
+            finally:
+                with self._lock:
+                    self._fetching.pop(name, None)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            size = os.fstat(fd).st_size
+            with self._lock:
+                self._entries[name] = size
+                self.stats.fetched += 1
+                self.stats.bytes_fetched += size
+                self._evict(keep=name)
+            return fd
+
+    def _open_cached(self, name: str) -> int | None:
+        with self._lock:
+            if name not in self._entries:
+                return None
+            try:
+                fd = os.open(pack_path(self.dir, name), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:  # removed behind our back: fetch it again
+                del self._entries[name]
+                return None
+            self._entries.move_to_end(name)
+            self.stats.hits += 1
+            # The order survives a restart: the entry's mtime is its last use.
+            with contextlib.suppress(OSError):
+                os.utime(fd)
+            return fd
+
+    def _evict(self, keep: str) -> None:
+        total = sum(self._entries.values())
+        for victim in list(self._entries):
+            if total <= self.max_bytes:
+                break
+            if victim == keep:
+                continue
+            total -= self._entries.pop(victim)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(pack_path(self.dir, victim))
+            self.stats.evicted += 1
+
+
+__all__ = ["DEFAULT_MAX_BYTES", "CacheStats", "RemotePacks"]

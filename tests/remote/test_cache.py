@@ -1,0 +1,128 @@
+"""The bounded pack cache of a remote store (store/cache.py), under the real reader, against
+the real Swift: a fresh machine reads by fetching only the packs it touches."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING
+
+import pytest
+
+from sprite_env.ids import ObjectId
+from sprite_env.store import ObjectKind, open_store
+from sprite_env.store.cache import RemotePacks
+from sprite_env.store.reader import PackFiles, read_entries
+from sprite_env.store.remote import RemoteStoreError, push
+
+if TYPE_CHECKING:
+    from sprite_env.store.s3 import S3Storage
+
+
+def _store_of_many_packs(path: str, storage: S3Storage) -> dict[bytes, bytes]:
+    """A pushed store of 40 random objects in packs of ~64 KiB (about ten packs)."""
+    objs = [os.urandom(20_000) for _ in range(40)]
+    with open_store(path, create=True) as s:
+        with s.writer(pack_size=64 << 10) as w:
+            ids = [w.put(o, ObjectKind.DATA) for o in objs]
+            w.commit()
+        push(s, storage)
+    return dict(zip(ids, objs, strict=True))
+
+
+def _read_all(path: str, files: PackFiles) -> dict[bytes, bytes]:
+    """Every object, read through ``files`` at the places the store's catalog gives."""
+    out = {}
+    with open_store(path, writable=False) as s:
+        where = s.locate_many(ObjectId(r[0]) for r in s.catalog.query("SELECT id FROM objects"))
+    by_pack: dict[str, list] = {}
+    for oid, loc in where.items():
+        by_pack.setdefault(loc.pack, []).append((oid, loc.entry))
+    for pack, items in sorted(by_pack.items()):
+        with files.lend(pack) as fd:
+            data = read_entries(pack, fd, [e for _, e in items])
+        out.update((oid, d) for (oid, _), d in zip(items, data, strict=True))
+    return out
+
+
+def _sizes(path: str) -> dict[str, int]:
+    return {f: os.stat(os.path.join(path, f)).st_size for f in os.listdir(path)}
+
+
+def test_reads_fetch_each_pack_once_then_hit(storage: S3Storage, tmp_path) -> None:
+    objs = _store_of_many_packs(str(tmp_path / "a"), storage)
+    cache = RemotePacks(storage, str(tmp_path / "cache"))
+    files = PackFiles(cache)
+    assert _read_all(str(tmp_path / "a"), files) == objs
+    packs = len(storage.list("packs/"))
+    assert packs >= 5
+    assert (cache.stats.fetched, cache.stats.evicted) == (packs, 0)
+    files.close()
+    # Another process on the same cache: no download at all.
+    again = RemotePacks(storage, str(tmp_path / "cache"))
+    assert _read_all(str(tmp_path / "a"), PackFiles(again)) == objs
+    assert (again.stats.fetched, again.stats.hits) == (0, packs)
+    assert all(
+        oct(os.stat(tmp_path / "cache" / f).st_mode & 0o777) == "0o600"
+        for f in os.listdir(tmp_path / "cache")
+    )
+
+
+def test_the_cache_stays_within_its_bound(storage: S3Storage, tmp_path) -> None:
+    objs = _store_of_many_packs(str(tmp_path / "a"), storage)
+    biggest = max(storage.list("packs/").values())
+    bound = 3 * biggest
+    cache = RemotePacks(storage, str(tmp_path / "cache"), max_bytes=bound)
+    files = PackFiles(cache, max_idle=0)  # no idle descriptor keeps an evicted file
+    assert _read_all(str(tmp_path / "a"), files) == objs
+    assert sum(_sizes(str(tmp_path / "cache")).values()) <= bound
+    assert cache.stats.evicted >= len(storage.list("packs/")) - 3
+    # Evicted packs come back on demand.
+    assert _read_all(str(tmp_path / "a"), files) == objs
+    assert sum(_sizes(str(tmp_path / "cache")).values()) <= bound
+
+
+def test_a_reader_keeps_reading_an_evicted_pack(storage: S3Storage, tmp_path) -> None:
+    _store_of_many_packs(str(tmp_path / "a"), storage)
+    names = sorted(k[len("packs/") : -len(".pack")] for k in storage.list("packs/"))
+    cache = RemotePacks(storage, str(tmp_path / "cache"), max_bytes=1)  # keeps only one
+    fd = cache.open(names[0])
+    try:
+        before = os.pread(fd, 1 << 20, 0)
+        os.close(cache.open(names[1]))  # evicts the first
+        assert not os.path.exists(tmp_path / "cache" / f"{names[0]}.pack")
+        assert os.pread(fd, 1 << 20, 0) == before
+    finally:
+        os.close(fd)
+
+
+def test_many_threads_missing_one_pack_fetch_it_once(storage: S3Storage, tmp_path) -> None:
+    _store_of_many_packs(str(tmp_path / "a"), storage)
+    name = min(k[len("packs/") : -len(".pack")] for k in storage.list("packs/"))
+    cache = RemotePacks(storage, str(tmp_path / "cache"))
+    fds: list[int] = []
+    threads = [threading.Thread(target=lambda: fds.append(cache.open(name))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for fd in fds:
+        os.close(fd)
+    assert (len(fds), cache.stats.fetched, cache.stats.hits) == (8, 1, 7)
+
+
+def test_a_missing_or_damaged_pack(storage: S3Storage, tmp_path) -> None:
+    _store_of_many_packs(str(tmp_path / "a"), storage)
+    cache = RemotePacks(storage, str(tmp_path / "cache"))
+    with pytest.raises(FileNotFoundError, match="not in"):
+        cache.open("0" * 64)
+    files = PackFiles(cache)
+    with pytest.raises(FileNotFoundError):
+        files.acquire("0" * 64)
+    junk = str(tmp_path / "junk")
+    with open(junk, "wb") as f:
+        f.write(b"not the pack")
+    storage.put_file(f"packs/{'1' * 64}.pack", junk)
+    with pytest.raises(RemoteStoreError, match="do not match"):
+        cache.open("1" * 64)
+    assert os.listdir(tmp_path / "cache") == []  # nothing cached, no partial file
