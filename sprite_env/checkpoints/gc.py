@@ -2,7 +2,9 @@
 
 Marking walks tree objects only (and the chunk lists of large files, which live in
 metadata packs too), memoized by tree id, so a subtree shared by many checkpoints is read
-once and data packs are never read. The store's ``plan_prune`` does the rest.
+once and data packs are never read; it reads them in batches through the store's reader
+(``ObjectReader.read_many``), a level of the trees at a time. The store's ``plan_prune``
+does the rest.
 
 A damaged store (issue 15): :func:`reach` never raises for a tree or chunk list it cannot
 read or decode. Such an object stays live, and the result is marked incomplete: its
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from sprite_env.errors import SpriteError
 from sprite_env.ids import ObjectId
 from sprite_env.snapshot.tree import Kind, decode_chunks, decode_tree
+from sprite_env.store.ports import ObjectReader, reader_of
 
 ReadObject = Callable[[ObjectId], bytes]
 
@@ -45,61 +48,84 @@ class Reachability:
         ]
 
 
+#: Trees (or chunk lists) read per ``read_many`` while marking.
+MARK_BATCH = 256
+
+
 def _mark_from(
-    read: ReadObject,
+    read: ObjectReader | ReadObject,
     top: ObjectId,
     live: set[ObjectId],
     on_error: Callable[[ObjectId, SpriteError], None] | None,
 ) -> None:
     """Adds what ``top`` reaches to ``live``; an unreadable object goes to ``on_error``
-    (it stays in ``live``) or, without one, raises."""
+    (it stays in ``live``) or, without one, raises.
 
-    def load(oid: ObjectId) -> bytes | None:
-        try:
-            return read(oid)
-        except SpriteError as e:
-            if on_error is None:
-                raise
-            on_error(oid, e)
-            return None
+    The walk goes level by level, reading each level's new trees (then their chunk lists)
+    ``MARK_BATCH`` at a time with ``read_many``: one catalog query and a few coalesced
+    reads per batch instead of one of each per tree."""
+    reader = reader_of(read)
 
-    stack = [top]
-    while stack:
-        tree = stack.pop()
-        if tree in live:
-            continue
-        live.add(tree)
-        raw = load(tree)
+    def failed(oid: ObjectId, e: SpriteError) -> None:
+        if on_error is None:
+            raise e
+        on_error(oid, e)
+
+    def load_many(oids: list[ObjectId]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        for i in range(0, len(oids), MARK_BATCH):
+            part = oids[i : i + MARK_BATCH]
+            try:
+                out.extend(reader.read_many(part))
+            except SpriteError:  # one by one, to know which are unreadable
+                for oid in part:
+                    try:
+                        out.append(reader.read(oid))
+                    except SpriteError as e:
+                        failed(oid, e)
+                        out.append(None)
+        return out
+
+    def mark_chunks(payload: bytes, owner: ObjectId) -> None:
         try:
-            entries = decode_tree(raw) if raw is not None else []
+            live.update(oid for oid, _, _ in decode_chunks(payload) if oid is not None)
         except SpriteError as err:
-            if on_error is None:
-                raise
-            on_error(tree, err)
-            continue
-        for ent in entries:
-            if ent.kind is Kind.DIR:
-                if ent.subtree not in live:
-                    stack.append(ent.subtree)
-            elif ent.kind is Kind.FILE:
-                payload: bytes | None = ent.payload
-                if ent.indirect:
+            failed(owner, err)
+
+    level = [top] if top not in live else []
+    live.update(level)
+    while level:
+        below: list[ObjectId] = []
+        lists: list[ObjectId] = []
+        for tree, raw in zip(level, load_many(level), strict=True):
+            if raw is None:
+                continue
+            try:
+                entries = decode_tree(raw)
+            except SpriteError as err:
+                failed(tree, err)
+                continue
+            for ent in entries:
+                if ent.kind is Kind.DIR:
+                    if ent.subtree not in live:
+                        live.add(ent.subtree)
+                        below.append(ent.subtree)
+                elif ent.kind is Kind.FILE:
+                    if not ent.indirect:
+                        mark_chunks(ent.payload, tree)
+                        continue
                     clist = ObjectId(ent.payload)
                     if clist in live:
                         continue  # a hard-link sibling or a copy: its chunks are marked
                     live.add(clist)
-                    payload = load(clist)
-                if payload is None:
-                    continue
-                try:
-                    live.update(oid for oid, _, _ in decode_chunks(payload) if oid is not None)
-                except SpriteError as err:
-                    if on_error is None:
-                        raise
-                    on_error(ObjectId(ent.payload) if ent.indirect else tree, err)
+                    lists.append(clist)
+        for clist, payload in zip(lists, load_many(lists), strict=True):
+            if payload is not None:
+                mark_chunks(payload, clist)
+        level = below
 
 
-def mark(read: ReadObject, tops: Iterable[ObjectId]) -> set[ObjectId]:
+def mark(read: ObjectReader | ReadObject, tops: Iterable[ObjectId]) -> set[ObjectId]:
     """Returns every object reachable from the top trees ``tops`` (themselves included).
 
     Raises:
@@ -111,7 +137,9 @@ def mark(read: ReadObject, tops: Iterable[ObjectId]) -> set[ObjectId]:
     return live
 
 
-def reach(read: ReadObject, checkpoints: Iterable[tuple[str, ObjectId]]) -> Reachability:
+def reach(
+    read: ObjectReader | ReadObject, checkpoints: Iterable[tuple[str, ObjectId]]
+) -> Reachability:
     """Like :func:`mark` over ``(checkpoint id, top tree)`` pairs, but never raises for
     damage: see the module docstring.
 
