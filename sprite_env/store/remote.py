@@ -304,6 +304,7 @@ def pull(storage: ObjectStorage, store_dir: str) -> PullReport:
         gen, tmp, names = chosen
         got = 0
         for name in names:
+            crashpoint("remote-pull-before-pack")
             fetch_verified(storage, f"packs/{name}.pack", pack_path(store.packs_dir, name), name)
             got += remote[f"packs/{name}.pack"]
         _fsync_dir(store.packs_dir)
@@ -318,6 +319,7 @@ def pull(storage: ObjectStorage, store_dir: str) -> PullReport:
         for suffix in ("-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(catalog_path + suffix)
+        crashpoint("remote-pull-before-catalog")
         os.rename(tmp, catalog_path)  # the commit point of the pull
         _fsync_dir(store.path)
         store.catalog = Catalog(catalog_path)  # migrated here if it is of an older version

@@ -230,3 +230,32 @@ def test_store_urls() -> None:
     for bad in ("/local/dir", "s3://", "http://b/p", "s3://b/p?x=1"):
         with pytest.raises(BadStoreUrl):
             StoreUrl.parse(bad)
+
+
+PULL = """
+import sys
+from sprite_env.store.remote import pull
+from sprite_env.store.s3 import S3Storage, StoreUrl
+pull(S3Storage(StoreUrl(sys.argv[2], sys.argv[3])), sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("crash_at", ["remote-pull-before-pack:2", "remote-pull-before-catalog"])
+def test_a_pull_killed_midway_leaves_no_checkpoint_and_can_be_run_again(
+    storage: S3Storage, tmp_path, crash_at: str
+) -> None:
+    root, store_dir = str(tmp_path / "layer"), str(tmp_path / "store")
+    trees.build_tree(root, trees.sample_spec())
+    with Engine(root, store_dir) as e:
+        e.create("v0")
+        push(e.store, storage)
+    pulled = str(tmp_path / "pulled")
+    env = dict(os.environ, SPRITE_ENV_CRASH_AT=crash_at)
+    args = [sys.executable, "-c", PULL, pulled, storage.url.bucket, storage.url.prefix]
+    assert subprocess.run(args, env=env, capture_output=True, check=False).returncode != 0
+    assert os.listdir(os.path.join(pulled, "packs"))  # some packs came, no catalog names them
+    assert _ids(pulled, root) == []
+    pull(storage, pulled)  # the writable open deleted them as orphans; all come again
+    assert _ids(pulled, root) == ["v0"]
+    with open_store(pulled, writable=False) as s:
+        assert check(s, read_data=True).ok
