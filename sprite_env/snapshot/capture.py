@@ -68,7 +68,6 @@ from array import array
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from sprite_env.errors import SnapshotError, SpriteError
 from sprite_env.ids import ObjectId
@@ -91,6 +90,7 @@ from sprite_env.snapshot.tree import (
 from sprite_env.store.chunker import Chunker
 from sprite_env.store.codec import object_id
 from sprite_env.store.pack import ObjectKind
+from sprite_env.store.ports import ObjectSink  # re-exported: it was defined here
 
 _scan_dir: Callable[[int, int, int, int], tuple[bytes, list[bytes], int, int, int, int, bool]]
 _scan_tree: Callable[..., tuple[list[bytes], dict[bytes, tuple[int, int, int, int, int]]]]
@@ -126,12 +126,6 @@ READERS = 3
 IN_PLACE_MIN = 1 << 20
 PAGE = 4096
 _O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-
-
-class ObjectSink(Protocol):
-    """Where a capture puts objects (a ``StoreWriter``, or a hash-only sink)."""
-
-    def put(self, data: bytes, kind: ObjectKind = ...) -> ObjectId: ...
 
 
 @dataclass(frozen=True, slots=True)
