@@ -6,6 +6,8 @@ Per layer (the small and medium layers of ../shared/bench, ``make_dataset.sh``; 
 copied once with ``cp -a`` into the scratch directory, never touched where it lies):
 
 - a first capture into a store of its own fills the files cache (not timed);
+- with ``--cold`` (root), each layer again on a file system of its own whose caches are
+  dropped before every timed run (``ColdLayer``: the same shape, no data);
 - then ``--reps`` rounds, the tools alternating in each round (so noise hits all alike):
   ``find L > /dev/null`` (lists directories, stats only those: the bar of the goal),
   ``find L -printf '%i %s %T@ %C@ %m\\n' > /dev/null`` (a stat of every entry, as
@@ -27,6 +29,7 @@ import argparse
 import contextlib
 import json
 import os
+import stat
 import statistics
 import subprocess
 import sys
@@ -79,14 +82,73 @@ def _find(*args: str) -> Callable[[], object]:
     return lambda: subprocess.run(["find", *args], stdout=subprocess.DEVNULL, check=True)
 
 
-def bench(profile: str, scratch: str, reps: int) -> dict[str, object]:
+class ColdLayer:
+    """The layer's shape on a file system of its own whose caches can be dropped alone.
+
+    An ext4 image on a loop device with direct I/O (its reads reach the disk, not the host's
+    page cache), holding the layer's directories, symlinks and files with their names and
+    sizes but no data (files are sparse: a walk reads metadata only). ``drop()`` unmounts
+    and mounts it again, which empties its inode and dentry caches without touching the
+    rest of the machine (``drop_caches`` would slow every other process's runs down).
+    """
+
+    def __init__(self, src: str, base: str) -> None:
+        self.base = base
+        self.mnt = os.path.join(base, "mnt")
+        os.makedirs(self.mnt, exist_ok=True)
+        img = os.path.join(base, "ext4.img")
+        with open(img, "wb") as f:
+            f.truncate(4 << 30)
+        entries = sum(len(d) + len(f) for _, d, f in os.walk(src))
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-N", str(entries * 2 + 1000), img], check=True)
+        self.dev = subprocess.run(
+            ["losetup", "--direct-io=on", "-f", "--show", img],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        subprocess.run(["mount", self.dev, self.mnt], check=True)
+        self.layer = os.path.join(self.mnt, "layer")
+        _skeleton(src, self.layer)
+        time.sleep(2 * dircache.RACY_NS / 1e9)  # else the files just made are read again
+
+    def drop(self) -> None:
+        subprocess.run(["umount", self.mnt], check=True)
+        subprocess.run(["mount", self.dev, self.mnt], check=True)
+
+    def close(self) -> None:
+        subprocess.run(["umount", self.mnt], check=False)
+        subprocess.run(["losetup", "-d", self.dev], check=False)
+        os.unlink(os.path.join(self.base, "ext4.img"))
+
+
+def _skeleton(src: str, dest: str) -> None:
+    for top, dirs, files in os.walk(src):
+        here = os.path.join(dest, os.path.relpath(top, src))
+        os.makedirs(here, exist_ok=True)
+        for name in [*dirs, *files]:
+            p = os.path.join(top, name)
+            st = os.lstat(p)
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(p), os.path.join(here, name))
+            elif stat.S_ISREG(st.st_mode):
+                with open(os.path.join(here, name), "wb") as f:
+                    f.truncate(st.st_size)
+
+
+def bench(profile: str, scratch: str, reps: int, cold: bool = False) -> dict[str, object]:
     layer = _layer(profile, scratch)
-    store_dir = os.path.join(scratch, f"store-{profile}")
+    cold_layer = None
+    if cold:
+        cold_layer = ColdLayer(layer, os.path.join(scratch, f"cold-{profile}"))
+        layer = cold_layer.layer
+        profile += " cold"
+    store_dir = os.path.join(scratch, f"store-{profile.replace(' ', '-')}")
     fresh = not os.path.isdir(store_dir)
     store = open_store(store_dir, create=fresh)
     # a checkpoint as the daemon takes one after its start (no journal yet): files cache
     # loaded, full walk, commit; in a store of its own
-    engine = Engine(layer, os.path.join(scratch, f"engine-{profile}"))
+    engine = Engine(layer, os.path.join(scratch, f"engine-{profile.replace(' ', '-')}"))
     try:
         with store.writer() as w:  # fills (or refreshes) the files cache
             r = capture(layer, w, store.read, dircache.load(store.catalog))
@@ -129,11 +191,15 @@ def bench(profile: str, scratch: str, reps: int) -> dict[str, object]:
         times: dict[str, list[float]] = {k: [] for k in tools}
         for _ in range(reps):
             for k, fn in tools.items():
+                if cold_layer is not None:
+                    cold_layer.drop()
                 times[k].append(_timed(fn))
         stats = r.stats
     finally:
         store.close()
         engine.close()
+        if cold_layer is not None:
+            cold_layer.close()
     best = {k: min(v) for k, v in times.items()}
     return {
         "layer": profile,
@@ -152,16 +218,20 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--scratch", default="/tmp/bench-walk")
     ap.add_argument("--profiles", default="small,medium")
+    ap.add_argument("--cold", action="store_true", help="also cold (root: a loop device)")
     ap.add_argument("--out", help="also write the results as JSON here")
     args = ap.parse_args()
     os.makedirs(args.scratch, exist_ok=True)
     results = []
     print(f"cpus {os.cpu_count()}, load {os.getloadavg()[0]:.2f}, walkers {capture_mod.WALKERS}")
-    for profile in args.profiles.split(","):
-        res = bench(profile, args.scratch, args.reps)
+    runs = [(p, False) for p in args.profiles.split(",")]
+    if args.cold:
+        runs += [(p, True) for p in args.profiles.split(",")]
+    for profile, cold in runs:
+        res = bench(profile, args.scratch, args.reps, cold)
         results.append(res)
         print(
-            f"\n{profile}: {res['files']} files, {res['dirs']} dirs; files cache load "
+            f"\n{res['layer']}: {res['files']} files, {res['dirs']} dirs; files cache load "
             f"{res['load_files_cache_s']:.3f} s"
         )
         print(f"  {'':<31} {'best s':>8} {'median s':>9} {'x find':>7} {'x stat walk':>12}")

@@ -8,13 +8,14 @@ children all match keeps its previous tree id without being read or re-encoded: 
 costs one ``stat`` per entry plus work in proportion to what changed.
 
 The full walk (no journal's hint, or one it could not vouch for) starts with one native
-walk of the whole tree (``scan_tree``, native/treescan.c: both cores, the GIL released)
+walk of the whole tree (``scan_tree``, native/treescan.c: ``WALKERS`` threads, no GIL)
 that lists and stats every directory and compares it with its row in the same pass, as
 ``_dir_walk``'s fast path does one directory at a time. What it cannot vouch for becomes a
 hint (``WalkHint.scanned``) that the walk below takes like the journal's: those directories
 and their ancestors are walked exactly as before, every other one keeps its tree id
-unopened. Warm and unchanged, the medium bench layer (110k files, 17k directories) costs
-about one ``find`` of it this way, 1.4 to 2.3 without (``benchmarks/bench_walk.py``).
+unopened. Unchanged, the medium bench layer (110k files, 17k directories) costs 1.2-1.3
+``find`` of it this way warm (2.1-2.3 without) and half of one cold
+(``benchmarks/bench_walk.py``).
 
 A changed regular file is read once through the chunker; each chunk is hashed here and
 compressed on the store writer's worker threads (both release the GIL). All-zero chunks
