@@ -169,3 +169,37 @@ def test_the_frozen_pass_walks_only_what_changed_during_the_first(
         assert inside.dirs <= ancestors({b"d2/s2", b"d4/s4"}), sorted(inside.dirs)
         assert inside.files == {b"d2/s2/late", b"d4/s4/last"}
         assert cp.top_tree == _truth(e)  # the layer as it was when the writers stopped
+
+
+def test_the_refreshed_files_cache_is_what_a_stat_of_each_entry_gives(
+    layer: str, tmp_path: os.PathLike[str]
+) -> None:
+    """The restore's files-cache rows (one native scan per directory, or the stat loop
+    where the directory holds more than the target: here an excluded file left in place)
+    are the signatures of the target's entries, so the next checkpoint reads nothing."""
+    from sprite_env.snapshot import dircache
+    from sprite_env.snapshot.diff import read_entries
+
+    _big_tree(layer)
+    write_file(f"{layer}/d3/s7/keep.log", b"excluded: never captured, never removed\n")
+    store = os.path.join(os.fspath(tmp_path), "store")
+    with Engine(layer, store, excludes=["*.log"]) as e, Journal(layer) as j:
+        e.journal = j
+        v0 = e.create()
+        changed = _step(layer)
+        e.restore("v0")
+        time.sleep(0.06)
+        now = time.time_ns()
+        rows = dircache.load(e.store.catalog)
+        for rel in changed:
+            row = rows[rel]
+            sigs = {
+                name: dircache.sig_of(os.lstat(os.path.join(os.fsencode(layer), rel, name)), now)
+                for name in read_entries(e.store.read, row.tree)
+            }
+            assert row.stat == dircache.encode_sigs(sigs), rel
+        assert os.path.exists(f"{layer}/d3/s7/keep.log")
+        stats: list[Any] = []
+        v1 = e.create(progress=lambda phase, s: stats.append(s))
+        assert v1.top_tree == v0.top_tree == _truth(e)
+        assert stats[-1].files_read == 0
