@@ -74,6 +74,7 @@ from typing import Any
 from sprite_env import privacy
 from sprite_env.errors import StoreError
 from sprite_env.ids import ObjectId, PackName
+from sprite_env.store.known import BUILD_AFTER, KnownIds
 from sprite_env.store.pack import Entry
 
 SCHEMA_VERSION = 5
@@ -245,6 +246,11 @@ class Catalog:
             raise StoreError(f"cannot open catalog {path}: {e}") from None
         self._lock = threading.Lock()
         self._pack_names: dict[int, PackName] = {}
+        # the in-memory filter before ``has`` (see store/known.py), built lazily
+        self._known: KnownIds | None = None
+        self._known_lock = threading.Lock()
+        self._known_asked = 0
+        self._known_buffer: list[bytes] | None = None  # notes while it is being built
         try:
             if not readonly:
                 self._migrate()
@@ -331,6 +337,9 @@ class Catalog:
     # -- objects -----------------------------------------------------------------------
 
     def has(self, oid: ObjectId) -> bool:
+        known = self._known_filter(1)
+        if known is not None and not known.may_have(oid):
+            return False
         with self._reader() as db:
             row = db.execute("SELECT 1 FROM objects WHERE id=?", (oid,)).fetchone()
         return row is not None
@@ -339,6 +348,9 @@ class Catalog:
         """Those of ``oids`` the catalog has, in one query per 500 (SQLite allows 32,766
         parameters): about 2 us an id, where :meth:`has` costs 15-20."""
         out: set[ObjectId] = set()
+        known = self._known_filter(len(oids))
+        if known is not None:
+            oids = [o for o in oids if known.may_have(o)]
         with self._reader() as db:
             for i in range(0, len(oids), 500):
                 part = oids[i : i + 500]
@@ -346,6 +358,37 @@ class Catalog:
                 rows = db.execute(f"SELECT id FROM objects WHERE id IN ({marks})", part)
                 out.update(ObjectId(bytes(r[0])) for r in rows)
         return out
+
+    def _known_filter(self, asked: int) -> KnownIds | None:
+        """The filter once ``known.BUILD_AFTER`` ids have been asked about; None before."""
+        known = self._known
+        if known is not None or self.readonly:
+            return known
+        with self._known_lock:
+            self._known_asked += asked
+            if self._known_asked < BUILD_AFTER or self._known_buffer is not None:
+                return None  # not worth it yet, or another thread builds it
+            self._known_buffer = []
+        try:
+            with self._reader() as db:
+                built = KnownIds(bytes(r[0]) for r in db.execute("SELECT id FROM objects"))
+        except StoreError:
+            with self._known_lock:
+                self._known_buffer = None
+            return None
+        with self._known_lock:
+            built.note(self._known_buffer)  # committed while the scan ran
+            self._known, self._known_buffer = built, None
+        return built
+
+    def note_committed(self, oids: Iterable[bytes]) -> None:
+        """Tells the filter which ids a transaction that just committed inserted (the
+        writer calls it; see store/known.py for why a missed call costs only space)."""
+        with self._known_lock:
+            if self._known_buffer is not None:
+                self._known_buffer.extend(oids)
+            elif self._known is not None:
+                self._known.note(oids)
 
     def locate(self, oid: ObjectId) -> Located | None:
         with self._reader() as db:

@@ -216,6 +216,7 @@ class StoreWriter:
             if hook is not None:
                 hook(db)
         crashpoint("catalog-after-commit")
+        self.store.catalog.note_committed(e.id for f in self._finished for e in f[3])
         names = [f[0] for f in self._finished]
         if damaged:  # stored afresh: their rows now point at the new, sound copies
             self.store.damaged.difference_update(e.id for f in self._finished for e in f[3])
