@@ -301,7 +301,7 @@ class Engine:
         here = os.path.realpath(self.root)
         if self.store.catalog.meta("cache_root") != here:
             with self.store.catalog.transaction() as db:
-                db.execute("DELETE FROM dircache")
+                dircache.clear(db)
                 registry.set_meta(db, "cache_root", here)
 
     def __enter__(self) -> Engine:
