@@ -613,30 +613,52 @@ class Capturer:
             return out if out is not None else self._dir_slow(fd, rel, done)
         for name in subdirs:
             # every child's signature matched the row: each subdirectory is the one cached
-            kept = self._reuse(_join(rel, name))
-            if kept is not None:
-                done[name] = (kept, False)
-                continue
-            try:
-                cfd = os.open(name, O_DIR, dir_fd=fd)
-            except OSError:
+            if not self._subdir(fd, rel, name, True, done):
                 return self._dir_slow(fd, rel, done)  # replaced since the listing
-            try:
-                done[name] = self._dir(cfd, _join(rel, name))
-            finally:
-                os.close(cfd)
         if any(changed for _, changed in done.values()):
             out = self._dir_partial(fd, rel, cached, blob, subdirs, counts, done)
             return out if out is not None else self._dir_slow(fd, rel, done)
-        self.visited.add(rel)
-        self.stats.dirs += 1
+        self._count_listed(rel, counts)
         self.stats.dirs_reused += 1
-        self.stats.files += files
-        self.stats.bytes += nbytes
-        self.stats.symlinks += symlinks
-        self.stats.specials += specials
         self._report()
         return cached.tree, False
+
+    def _subdir(
+        self,
+        fd: int,
+        rel: bytes,
+        name: bytes,
+        may_reuse: bool,
+        done: dict[bytes, tuple[ObjectId, bool]],
+    ) -> bool:
+        """Captures subdirectory ``name`` into ``done`` (kept on the hint's word if
+        ``may_reuse`` and the hint vouches for it); False if it was replaced since the
+        listing."""
+        child = _join(rel, name)
+        kept = self._reuse(child) if may_reuse else None
+        if kept is not None:
+            done[name] = (kept, False)
+            return True
+        try:
+            cfd = os.open(name, O_DIR, dir_fd=fd)
+        except OSError:
+            return False
+        try:
+            done[name] = self._dir(cfd, child)
+        finally:
+            os.close(cfd)
+        return True
+
+    def _count_listed(self, rel: bytes, counts: tuple[int, int, int, int]) -> None:
+        """Counts a directory captured from its native listing (``scan_dir``'s counts of
+        its children; its subdirectories count themselves)."""
+        self.visited.add(rel)
+        s = self.stats
+        s.dirs += 1
+        s.files += counts[0]
+        s.bytes += counts[1]
+        s.symlinks += counts[2]
+        s.specials += counts[3]
 
     def _dir_partial(
         self,
@@ -688,21 +710,8 @@ class Capturer:
         # by b/f3 when a/, changed, was walked after b/, unchanged).
         now_dirs = {name for name, _, st in looked if stat.S_ISDIR(st.st_mode)}
         for name in sorted({*(n for n in subdirs if n not in is_changed), *now_dirs}):
-            if name in done:
-                continue
-            child = _join(rel, name)
-            kept = self._reuse(child) if name not in is_changed else None
-            if kept is not None:
-                done[name] = (kept, False)
-                continue
-            try:
-                cfd = os.open(name, O_DIR, dir_fd=fd)
-            except OSError:
+            if name not in done and not self._subdir(fd, rel, name, name not in is_changed, done):
                 return None  # replaced since the listing
-            try:
-                done[name] = self._dir(cfd, child)
-            finally:
-                os.close(cfd)
         try:
             old_tree = self.read_tree(cached.tree)
         except SpriteError:
@@ -725,7 +734,7 @@ class Capturer:
                     prev_entry = decode_entry(raw)  # a big file changed in place
             p = self._child(fd, child, name, st, False, prev_entry)
             if p is None:
-                return self._give_up(pending, done)
+                return self._give_up(pending)
             pending.append(p)
             self._report()
         added: dict[bytes, bytes] = {}
@@ -734,7 +743,7 @@ class Capturer:
                 read = p.future.result()
                 p.future = None
                 if read is None:
-                    return self._give_up(pending, done)  # gone or retyped while read
+                    return self._give_up(pending)  # gone or retyped while read
                 p.entry, p.st = read
             assert p.entry is not None
             added[p.name] = encode_entry(p.entry)
@@ -749,27 +758,19 @@ class Capturer:
             body = _tree_splice(old_tree, blob, [added[n] for n in sorted(added)])
         except ValueError:
             return None  # the old tree and its row disagree: decide entry by entry
-        self.visited.add(rel)
-        s = self.stats
-        s.dirs += 1
-        s.files += counts[0]
-        s.bytes += counts[1]
-        s.symlinks += counts[2]
-        s.specials += counts[3]
+        self._count_listed(rel, counts)
         tree_id = self.sink.put(body, ObjectKind.TREE)
         self.cache_changed[rel] = CachedDir(tree_id, blob)
         return tree_id, tree_id != cached.tree
 
     @staticmethod
-    def _give_up(pending: list[_Pending], done: dict[bytes, tuple[ObjectId, bool]]) -> None:
-        """Hands what is done to the slow path: the subdirectories captured (in ``done``,
-        so they are neither walked nor counted twice) after the reads already started
-        finished (their objects are stored either way; the slow path reads them again)."""
+    def _give_up(pending: list[_Pending]) -> None:
+        """Lets the reads already started finish before the slow path takes over (their
+        objects are stored either way; the slow path reads them again). The subdirectories
+        were all walked before any read began, so they are in ``done`` already."""
         for p in pending:
             if p.future is not None:
                 p.future.result()
-            elif p.subtree is not None:
-                done[p.name] = (p.subtree, True)
 
     def _dir_slow(
         self, fd: int, rel: bytes, done: dict[bytes, tuple[ObjectId, bool]]
