@@ -82,6 +82,7 @@ def test_the_splice_equals_the_truth_and_the_slow_path(
     world = World(layer)
     try:
         h.capture()
+        mapped = False
         for _round in range(data.draw(st.integers(2, 5))):
             for _ in range(data.draw(st.integers(1, 6))):
                 world.step(data)
@@ -90,7 +91,12 @@ def test_the_splice_equals_the_truth_and_the_slow_path(
             slow_top, slow_counts = _slow_path(h)
             r = h.capture()
             s = r.stats
-            assert r.top_tree == h.truth()
+            # Without a journal nothing says which files are mapped writable, and a write
+            # through a mapping kept open moves no signature (the journal's ``reread``
+            # covers it): once one was kept, the truth is out of any cached walk's reach.
+            mapped = mapped or bool(world.maps)
+            if not mapped:
+                assert r.top_tree == h.truth()
             assert r.top_tree == slow_top
             assert (s.files, s.dirs, s.symlinks, s.specials, s.bytes) == slow_counts
     finally:
