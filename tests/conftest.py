@@ -53,6 +53,9 @@ def daemon_factory(tmp_path: os.PathLike[str]) -> Iterator[Any]:
         if d.proc is not None and d.proc.returncode is None:
             code = d.stop()
             assert code == 0, f"daemon exited with {code}:\n{d.log()}"
+        # a daemon a test killed leaves its view mounted and dead; pytest's clean-up of
+        # old tmp dirs would then fail on it (ENOTCONN) in a later session
+        d.sweep_mount()
         assert "Traceback" not in d.log(), d.log()
 
 

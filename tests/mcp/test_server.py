@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from contextlib import asynccontextmanager
@@ -194,6 +195,43 @@ def test_the_whole_loop_and_its_errors(daemon_factory: Any, tmp_path: Any) -> No
             away = await error(s, "checkpoint_list")
             assert away["code"] == "no_daemon", away
             assert {t.name for t in (await s.list_tools()).tools} == FULL
+
+    run(main)
+
+
+@pytest.mark.parametrize("tool", ["checkpoint_list", "checkpoint_create"])
+def test_a_daemon_killed_mid_call_is_a_tool_error(
+    daemon_factory: Any, tmp_path: Any, tool: str
+) -> None:
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "f").write_text("x\n")
+    d = daemon_factory()
+    args = {"comment": "lost"} if tool == "checkpoint_create" else {}
+
+    async def main() -> None:
+        async with session(d.socket, "--scope", "create", "--no-session-checkpoint") as s:
+            # stopped, the daemon's socket still accepts (the kernel's backlog): the
+            # request goes out and no answer comes; then it dies with the call in flight
+            os.kill(d.proc.pid, signal.SIGSTOP)
+            got: dict[str, Any] = {}
+
+            async def in_flight() -> None:
+                got["r"] = await s.call_tool(tool, args)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(in_flight)
+                await anyio.sleep(1.0)
+                assert "r" not in got  # still waiting on the stopped daemon
+                d.kill()
+            r = got["r"]
+            assert r.is_error, r.structured_content
+            assert isinstance(r.structured_content, dict)
+            assert r.structured_content["code"] == "no_daemon", r.structured_content
+            assert "daemon" in r.structured_content["message"]
+            # the server itself is fine and answers the next call the same way
+            again = await error(s, "checkpoint_list")
+            assert again["code"] == "no_daemon", again
+            assert {t.name for t in (await s.list_tools()).tools} == CREATE
 
     run(main)
 
