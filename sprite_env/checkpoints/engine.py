@@ -54,7 +54,8 @@ from sprite_env.snapshot.paths import (
 )
 from sprite_env.snapshot.restore import PATCH_MIN, RestoreResult, RestoreStats, restore
 from sprite_env.snapshot.tree import Kind, TreeEntry, decode_chunks, decode_tree, encode_tree
-from sprite_env.store import ObjectKind, Store, open_store
+from sprite_env.store import ObjectKind, Store
+from sprite_env.store.backend import open_backed_store
 from sprite_env.store.codec import object_id
 from sprite_env.store.faults import crashpoint
 from sprite_env.store.prune import PruneReport, plan_prune
@@ -64,6 +65,7 @@ CHECK_HINT = "sprite-env store check --read-data"
 
 if TYPE_CHECKING:
     from sprite_env.ids import ObjectId
+    from sprite_env.store.backend import RemoteConfig
 
 MAX_COMMENT = 4096
 log = logging.getLogger("sprite_env.engine")
@@ -242,6 +244,8 @@ class Engine:
             Given, they replace the store's saved list; None uses the saved list, so every
             command agrees on what a checkpoint holds.
         exclude_dirs: directories left out wherever they are (the store itself always is).
+        remote: the store's packs and catalog in object storage (``--store s3://...``):
+            ``store_dir`` is then its local copy and cache (``store/backend.py``).
     """
 
     #: The change journal of the layer (the daemon's): captures that write the files cache
@@ -258,9 +262,10 @@ class Engine:
         resume: bool = True,
         progress: Progress | None = None,
         create: bool = True,
+        remote: RemoteConfig | None = None,
     ) -> None:
         self.root = root
-        self.store: Store = open_store(store_dir, create=create)
+        self.store: Store = open_backed_store(store_dir, remote, create=create)
         try:
             self.registry = Registry(self.store.catalog)
             if excludes is None:

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from sprite_env.cli.options import add_common_options, store_dir
+from sprite_env.cli.options import add_common_options, remote, store_dir
 from sprite_env.cli.progress import progress_bar
 from sprite_env.errors import StoreError
 
@@ -45,9 +45,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from sprite_env.store import open_store
+    from sprite_env.store.backend import open_backed_store
 
-    with open_store(store_dir(args), create=True):
+    with open_backed_store(store_dir(args), remote(args), create=True):
         pass
     print(
         json.dumps({"store": store_dir(args)}) if args.json else f"store ready at {store_dir(args)}"

@@ -19,7 +19,7 @@ from sprite_env.api import events, shapes
 from sprite_env.checkpoints import Engine
 from sprite_env.checkpoints.engine import CHECK_HINT
 from sprite_env.cli import render
-from sprite_env.cli.options import actor, root_dir, store_dir
+from sprite_env.cli.options import actor, remote, root_dir, store_dir, store_given
 from sprite_env.cli.progress import EventDisplay
 from sprite_env.errors import NotAStore, StoreError, UserError
 from sprite_env.snapshot.paths import entry_json
@@ -39,16 +39,22 @@ def _engine(args: argparse.Namespace) -> Engine:
     an export made ``DIR/.sprite/store`` inside the layer, or ``/.sprite/store`` on the
     host): only ``store init`` does."""
     store = store_dir(args)
+    bucket = remote(args)
     try:
         # ROOT/.sprite holds the default store (and mount point): like the daemon's state
         # directory it is not part of the layer, so no checkpoint shows it (issue 10).
-        private = [] if args.store else [os.path.join(root_dir(args), ".sprite")]
+        private = [] if store_given(args) else [os.path.join(root_dir(args), ".sprite")]
         return Engine(
-            root_dir(args), store, excludes=args.exclude, exclude_dirs=private, create=False
+            root_dir(args),
+            store,
+            excludes=args.exclude,
+            exclude_dirs=private,
+            create=False,
+            remote=bucket,
         )
     except NotAStore:
-        if os.path.lexists(os.path.join(store, MARKER)):
-            raise  # a store, but unreadable or of a newer format: its own message
+        if bucket is not None or os.path.lexists(os.path.join(store, MARKER)):
+            raise  # a store, but unreadable or of a newer format (or none in the bucket)
         where = f"--store {args.store}" if args.store else f"--root {root_dir(args)}"
         raise NotAStore(
             f"no sprite-env store at {store} (nothing was created). Create one with: "

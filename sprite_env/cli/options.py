@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sprite_env.store.backend import RemoteConfig
 
 
 def add_common_options(
@@ -39,8 +42,17 @@ def add_common_options(
         )
         p.add_argument(
             "--store",
-            metavar="DIR",
-            help="work offline on this store directory (default: ROOT/.sprite/store)",
+            metavar="DIR|s3://BUCKET/PREFIX",
+            help="work offline on this store directory (default: ROOT/.sprite/store), or on "
+            "a store in object storage (its local copy and pack cache in ROOT/.sprite/store; "
+            "endpoint and keys from the AWS_* variables or ~/.aws/)",
+            **default(None),
+        )
+        p.add_argument(
+            "--cache-size",
+            metavar="SIZE",
+            help="with --store s3://...: the bound of the local pack cache, e.g. 512M or 4G "
+            "(default: 2G)",
             **default(None),
         )
     p.add_argument(
@@ -79,10 +91,39 @@ def root_dir(args: argparse.Namespace) -> str:
 
 
 def store_dir(args: argparse.Namespace) -> str:
-    """The store an offline command opens (``--store``, default ``ROOT/.sprite/store``)."""
-    if args.store:
+    """The store directory an offline command opens (``--store DIR``, default
+    ``ROOT/.sprite/store``, which is also where a store in object storage keeps its local
+    copy and cache)."""
+    if args.store and not _is_url(args.store):
         return str(args.store)
     return os.path.join(root_dir(args), ".sprite", "store")
+
+
+def store_given(args: argparse.Namespace) -> bool:
+    """Whether ``--store DIR`` names the store directory (not the default in ROOT)."""
+    return bool(args.store) and not _is_url(args.store)
+
+
+def _is_url(store: str) -> bool:
+    return "://" in store  # as store.backend.is_remote, without loading the store
+
+
+def remote(args: argparse.Namespace) -> RemoteConfig | None:
+    """``--store s3://...`` with ``--cache-size``, or None for a local store.
+
+    Raises:
+        BadStoreUrl: a malformed URL; BadCacheSize: a bad size, or one without a remote.
+    """
+    from sprite_env.store.backend import BadCacheSize, RemoteConfig
+
+    cache_size = getattr(args, "cache_size", None)
+    if not args.store or not _is_url(args.store):
+        if cache_size is not None:
+            raise BadCacheSize(
+                "--cache-size bounds a remote store's cache: it needs --store s3://BUCKET/PREFIX"
+            )
+        return None
+    return RemoteConfig.parse(args.store, cache_size)
 
 
 def actor(args: argparse.Namespace, named: str | None = None) -> str:

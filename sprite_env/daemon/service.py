@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from sprite_env.checkpoints.registry import Checkpoint
     from sprite_env.fuse.operations import ViewOperations
     from sprite_env.snapshot.diff import Counted
+    from sprite_env.store.backend import RemoteConfig
 
 log = logging.getLogger("sprite_env.daemon")
 
@@ -98,6 +99,8 @@ class DaemonConfig:
     root: str = "/"
     state: str = "/.sprite"
     store: str | None = None  # default STATE/store
+    #: ``--store s3://...``: packs and catalog in object storage, store_dir their local copy.
+    remote: RemoteConfig | None = None
     socket_group: str | None = None
     auto_interval_s: float = 3600.0
     max_checkpoints: int = 200
@@ -864,7 +867,8 @@ async def run(
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             install_llm_txt(state)
-            log.info("opening %s (store %s)", config.layer, config.store_dir)
+            where = f"{config.store_dir}, packs in {config.remote}" if config.remote else None
+            log.info("opening %s (store %s)", config.layer, where or config.store_dir)
             engine = await trio.to_thread.run_sync(
                 lambda: Engine(
                     config.layer,
@@ -872,6 +876,7 @@ async def run(
                     excludes=config.excludes,
                     exclude_dirs=[state],
                     resume=False,
+                    remote=config.remote,
                 )
             )
             # Armed before any capture (an interrupted restore's, the first checkpoint's):
@@ -1066,10 +1071,12 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         )
     if args.max_checkpoints < 1:
         raise UserError("--max-checkpoints must be at least 1")
+    remote = _remote_of(args)  # a bad URL or size: said before anything starts
     return DaemonConfig(
         root=root,
         state=state,
-        store=os.path.abspath(args.store) if args.store else None,
+        store=os.path.abspath(args.store) if args.store and remote is None else None,
+        remote=remote,
         socket_group=args.socket_group,
         auto_interval_s=args.auto_interval * 60.0,
         max_checkpoints=args.max_checkpoints,
@@ -1081,6 +1088,19 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         overlay=overlay,
         journal=not args.no_journal,
     )
+
+
+def _remote_of(args: argparse.Namespace) -> RemoteConfig | None:
+    """``--store s3://BUCKET/PREFIX`` and ``--cache-size``, or None (a local store)."""
+    from sprite_env.store.backend import BadCacheSize, RemoteConfig, is_remote
+
+    if not is_remote(args.store):
+        if args.cache_size is not None:
+            raise BadCacheSize(
+                "--cache-size bounds a remote store's cache: it needs --store s3://BUCKET/PREFIX"
+            )
+        return None
+    return RemoteConfig.parse(args.store, args.cache_size)
 
 
 def run_from_args(args: argparse.Namespace) -> int:

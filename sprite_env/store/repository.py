@@ -21,7 +21,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sprite_env import privacy
 from sprite_env.errors import CorruptPack, NotAStore, StoreError, StoreLocked
@@ -60,6 +60,23 @@ _MAX_OPEN_PACKS = 64
 LOCATE_BATCH = 500
 
 
+class RemoteSource(Protocol):
+    """A store's packs in object storage, behind a bounded local cache (``cache.py``'s
+    ``RemotePacks``; made by ``backend.py``). The store reads a pack it does not hold in
+    ``packs/`` through it, and asks it before calling a pack lost."""
+
+    #: The bucket (``remote.ObjectStorage``): what a push uploads to.
+    storage: Any
+
+    def open(self, name: PackName) -> int:
+        """A descriptor of the pack's cache entry, fetched on a miss.
+
+        Raises:
+            FileNotFoundError: the bucket has no such pack.
+        """
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class LostPack:
     """A pack whose file is gone (``size`` None) or shorter than its catalog row says."""
@@ -74,8 +91,18 @@ class Store:
     Thread-safe for reads; writes go through :meth:`writer`.
     """
 
-    def __init__(self, path: str, *, create: bool, writable: bool, repair: bool = False) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        create: bool,
+        writable: bool,
+        repair: bool = False,
+        remote: RemoteSource | None = None,
+    ) -> None:
         self.path = os.path.abspath(path)
+        #: Where the packs not in ``packs/`` are (None: a local store, they are nowhere).
+        self.remote = remote
         self.writable = writable
         self.packs_dir = os.path.join(self.path, "packs")
         self.tmp_dir = os.path.join(self.path, "tmp")
@@ -418,7 +445,12 @@ class Store:
 
 
 def open_store(
-    path: str, *, create: bool = False, writable: bool = True, repair: bool = False
+    path: str,
+    *,
+    create: bool = False,
+    writable: bool = True,
+    repair: bool = False,
+    remote: RemoteSource | None = None,
 ) -> Store:
     """Opens (or creates) the store at ``path``; use the result as a context manager.
 
@@ -428,6 +460,8 @@ def open_store(
         writable: take the writer lock (else a shared lock, read-only catalog).
         repair: open for ``rebuild``: keep packs the catalog does not list, and accept a
             missing catalog.
+        remote: the store's packs in object storage (``backend.open_backed_store`` gives
+            it); None: a local store.
 
     Raises:
         NotAStore: ``path`` is not a store (and ``create`` is false or it is not empty),
@@ -435,4 +469,4 @@ def open_store(
         StoreLocked: another process has it open for writing (or, when ``writable``, at
             all).
     """
-    return Store(path, create=create, writable=writable, repair=repair)
+    return Store(path, create=create, writable=writable, repair=repair, remote=remote)
