@@ -26,6 +26,7 @@ bucket that holds no usable generation.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -44,6 +45,8 @@ from sprite_env.store.pack import _fsync_dir, pack_path
 from sprite_env.store.repository import open_store
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
     from sprite_env.store.repository import Store
 
 log = logging.getLogger(__name__)
@@ -52,9 +55,15 @@ log = logging.getLogger(__name__)
 _GENERATION = re.compile(r"catalog/(\d{16})-([0-9a-f]{12})-([0-9a-f]{64})\.db")
 #: The catalog ``meta`` key holding this store's writer id (made at its first push).
 WRITER_KEY = "remote_writer"
+#: The catalog ``meta`` key recording what this store made durable in the bucket: the
+#: newest generation it pushed and the checkpoints that generation holds (JSON; see
+#: :func:`record_durable`). It survives a restart: a daemon pushes on start whatever it
+#: does not cover.
+DURABLE_KEY = "remote_durable"
 #: Meta keys that describe one machine, not the checkpoints: a pulled copy drops them (a
-#: fork gets its own writer id, and never resumes its parent's unfinished restore).
-_MACHINE_KEYS = (WRITER_KEY, "restore_intent")
+#: fork gets its own writer id, never resumes its parent's unfinished restore, and calls a
+#: checkpoint ``remote`` only once a generation of its own holds it).
+_MACHINE_KEYS = (WRITER_KEY, DURABLE_KEY, "restore_intent")
 _COPY_BYTES = 1 << 20
 
 
@@ -99,6 +108,25 @@ class PushReport:
     packs_uploaded: int
     bytes_uploaded: int
     packs_present: int  # named by the generation and already in the bucket
+
+
+@dataclass(frozen=True, slots=True)
+class PushProgress:
+    """How far a push is: packs and bytes uploaded of those the bucket lacked."""
+
+    packs: int
+    packs_total: int
+    bytes: int
+    bytes_total: int
+
+
+@dataclass(frozen=True, slots=True)
+class Durable:
+    """What the bucket holds of this store (:func:`durable`): the newest generation the
+    store pushed and the ids of the checkpoints in it."""
+
+    generation: int
+    checkpoints: frozenset[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +190,11 @@ def writer_id(store: Store) -> str:
     return wid
 
 
-def push(store: Store, storage: ObjectStorage) -> PushReport:
+def push(
+    store: Store,
+    storage: ObjectStorage,
+    progress: Callable[[PushProgress], None] | None = None,
+) -> PushReport:
     """Uploads the store's committed state as the bucket's next catalog generation.
 
     Order (``docs/remote.md``): a consistent copy of the catalog; every pack it names that
@@ -171,13 +203,17 @@ def push(store: Store, storage: ObjectStorage) -> PushReport:
     generation as it was (packs uploaded meanwhile are reused by the next push).
 
     Args:
-        store: a writable store; the caller keeps a prune from running meanwhile (the
-            daemon's one job runner), so every pack the copy names stays on disk.
+        store: a writable store. A prune that unlinks a pack the copy names while this
+            runs fails the push with ``FileNotFoundError`` (nothing committed); the next
+            push takes a new copy (the daemon's uploader retries at once).
         storage: the bucket.
+        progress: called before the first PUT and after each pack's; an exception it
+            raises ends the push there, committing nothing (the daemon stops a push so).
 
     Raises:
         RemoteError: a request failed (after the client's retries); nothing is committed.
         StoreError: the store is read-only.
+        FileNotFoundError: a pack the copy names was pruned meanwhile.
     """
     if not store.writable:
         raise StoreError("store is open read-only")
@@ -186,23 +222,37 @@ def push(store: Store, storage: ObjectStorage) -> PushReport:
     try:
         names = _backup(store, tmp)
         remote = storage.list("packs/")
-        uploaded = sent = present = 0
+        todo: list[tuple[str, str, int]] = []  # (key, path, size) of the packs to send
+        present = 0
         for name in names:
             key = f"packs/{name}.pack"
             path = pack_path(store.packs_dir, name)
             if key in remote:  # a pack's name is its content: the bytes are the same
-                if remote[key] != os.stat(path).st_size:
+                try:
+                    size = os.stat(path).st_size
+                except FileNotFoundError:  # in the bucket only (a store made by a pull)
+                    present += 1
+                    continue
+                if remote[key] != size:
                     raise RemoteStoreError(
                         f"{storage!r}: {key} has {remote[key]} bytes, not "
-                        f"{os.stat(path).st_size}: damaged in the bucket (never overwritten)"
+                        f"{size}: damaged in the bucket (never overwritten)"
                     )
                 present += 1
                 continue
+            todo.append((key, path, os.stat(path).st_size))
+        total = sum(size for _, _, size in todo)
+        uploaded = sent = 0
+        if progress is not None:
+            progress(PushProgress(0, len(todo), 0, total))
+        for key, path, size in todo:
             crashpoint("remote-before-pack-put")
             storage.put_file(key, path)
             crashpoint("remote-after-pack-put")
             uploaded += 1
-            sent += os.stat(path).st_size
+            sent += size
+            if progress is not None:
+                progress(PushProgress(uploaded, len(todo), sent, total))
         digest = _file_b3(tmp)
         gens = generations(storage)
         gen = Generation((gens[0].number + 1) if gens else 0, wid, digest)
@@ -214,6 +264,38 @@ def push(store: Store, storage: ObjectStorage) -> PushReport:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def durable(store: Store) -> Durable | None:
+    """What this store last made durable in the bucket (None: nothing yet, or a record
+    that does not parse, which counts as nothing: the next push writes it again)."""
+    raw = store.catalog.meta(DURABLE_KEY)
+    if raw is None:
+        return None
+    try:
+        d = json.loads(raw)
+        return Durable(int(d["generation"]), frozenset(str(c) for c in d["checkpoints"]))
+    except (ValueError, KeyError, TypeError):
+        log.warning("store %s: meta %s does not parse; counted as nothing", store.path, raw)
+        return None
+
+
+def durable_checkpoints(store: Store) -> frozenset[str]:
+    """The ids of the checkpoints a generation this store pushed holds (``remote``)."""
+    d = durable(store)
+    return frozenset() if d is None else d.checkpoints
+
+
+def record_durable(store: Store, generation: Generation, checkpoints: Iterable[str]) -> None:
+    """Records that ``generation`` (durable: its PUT answered) holds ``checkpoints``.
+
+    The caller lists the checkpoints before the push that made ``generation``: each of
+    them was committed before the push's copy of the catalog, so the copy holds it (a
+    checkpoint deleted in between is named here, but shown nowhere).
+    """
+    value = json.dumps({"generation": generation.number, "checkpoints": sorted(checkpoints)})
+    with store.catalog.transaction() as db:
+        db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (DURABLE_KEY, value))
 
 
 def fetch_verified(storage: ObjectStorage, name: str, dest: str, digest: str) -> None:
@@ -250,9 +332,19 @@ def _names_in(path: str) -> list[str]:
         db.close()
 
 
-def pull(storage: ObjectStorage, store_dir: str) -> PullReport:
+def pull(
+    storage: ObjectStorage,
+    store_dir: str,
+    *,
+    writer: str | None = None,
+    generation: Generation | None = None,
+) -> PullReport:
     """Makes a new local store at ``store_dir`` from the bucket's newest complete
     generation: a fork, whose own pushes go on from there under its own writer id.
+
+    Where two writers diverged (``docs/remote.md``), the newest generation is the last
+    push of either; ``writer`` takes that writer's newest complete one instead (its
+    ``heads``), ``generation`` exactly that one.
 
     A generation is complete when its bytes hash to its name, it is a sound SQLite
     database, and every pack it names is in the bucket; newer ones that are not are
@@ -263,15 +355,22 @@ def pull(storage: ObjectStorage, store_dir: str) -> PullReport:
     Args:
         storage: the bucket.
         store_dir: a missing or empty directory.
+        writer: only that writer's generations are candidates.
+        generation: only that generation is a candidate.
 
     Raises:
-        RemoteStoreError: the bucket has no complete generation.
+        RemoteStoreError: the bucket has no complete generation (of those asked for).
         RemoteError: a request failed.
         NotAStore: ``store_dir`` is not empty.
     """
     gens = generations(storage)
     if not gens:
         raise RemoteStoreError(f"{storage!r} holds no catalog generation (nothing pushed)")
+    if writer is not None or generation is not None:
+        gens = [g for g in gens if g.writer == (writer or g.writer) and g == (generation or g)]
+        if not gens:
+            asked = generation.name if generation is not None else f"writer {writer}"
+            raise RemoteStoreError(f"{storage!r} holds no generation of {asked}")
     remote = storage.list("packs/")
     with open_store(store_dir, create=True) as store:  # the directories, marker and lock
         if store.catalog.packs():
@@ -327,14 +426,20 @@ def pull(storage: ObjectStorage, store_dir: str) -> PullReport:
 
 
 __all__ = [
+    "DURABLE_KEY",
+    "Durable",
     "Generation",
     "ObjectStorage",
     "PullReport",
+    "PushProgress",
     "PushReport",
     "RemoteStoreError",
+    "durable",
+    "durable_checkpoints",
     "fetch_verified",
     "generations",
     "pull",
     "push",
+    "record_durable",
     "writer_id",
 ]

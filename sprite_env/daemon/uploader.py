@@ -1,0 +1,359 @@
+"""The background uploader: the bucket follows the store's commits (issue 14, point 3).
+
+A create commits locally and returns; this task then pushes the store
+(:func:`sprite_env.store.remote.push`) so its checkpoints outlive the machine. Rules:
+
+- **In commit order, one push at a time.** A push uploads a consistent copy of the
+  catalog as the next generation, so each generation holds every commit before it.
+  Commits that arrive while a push runs are coalesced: the next push carries them all.
+- **Never on the event loop.** A push runs in a worker thread; the daemon serves
+  meanwhile (jobs run beside it: a push reads the catalog through its own connection).
+- **Durable is recorded in the store.** After a push, the checkpoints it carried are
+  recorded in the catalog (:func:`~sprite_env.store.remote.record_durable`): those are
+  ``remote``, every other one ``local``. The record survives a restart, and a push is
+  due exactly when the checkpoints differ from it (one created, one deleted), so after a
+  crash or a restart the uploader pushes whatever is not yet remote, and nothing when all
+  is.
+- **A failing server.** boto3 retries each request (``store/s3.py``); a push that still
+  fails is tried again after a backoff that doubles from :data:`BACKOFF_FIRST_S` to
+  :data:`BACKOFF_MAX_S`, with full jitter. The daemon keeps serving; ``/v1/status``'s
+  ``remote`` says why (``last_error``) and when the next try is. A ``--wait-remote``
+  caller asks for a try now, and fails after :data:`WAIT_FAILURES` failed pushes.
+- **A prune meanwhile.** A delete may unlink a pack the push's copy named; that push
+  fails with ``FileNotFoundError`` and is taken again at once with a new copy.
+
+Cancellation:
+    A push in its thread cannot be cancelled; :meth:`Uploader.stop` makes it end at its
+    next pack (committing nothing) so the daemon's shutdown waits at most one PUT.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import sqlite3
+import time
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from sprite_env.api import events
+from sprite_env.api.problems import Problem, problem_for
+from sprite_env.errors import SpriteError, UserError
+from sprite_env.store.remote import PushProgress, durable_checkpoints, push, record_durable
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+    from sprite_env.checkpoints import Engine
+    from sprite_env.daemon.jobs import Job
+    from sprite_env.store.remote import ObjectStorage, PushReport
+
+log = logging.getLogger(__name__)
+
+#: The wait after a first failed push (boto3's own retries spent); doubled per failure in
+#: a row, up to BACKOFF_MAX_S, each a uniform draw below that bound (full jitter, as AWS's
+#: "exponential backoff and jitter" recommends, so many daemons do not retry in step).
+BACKOFF_FIRST_S = 1.0
+BACKOFF_MAX_S = 300.0
+#: Pushes taken again at once when a prune unlinked a pack under them.
+RACE_RETRIES = 3
+#: A ``--wait-remote`` fails after this many failed pushes since it began (each one already
+#: the client's bounded retries: AWS_MAX_ATTEMPTS, 6 by default, ~30 s of backoff).
+WAIT_FAILURES = 2
+#: The progress phase of an upload in a create's stream.
+UPLOAD_PHASE = "upload"
+
+
+class NoRemote(UserError):
+    """``--wait-remote`` asked of a daemon with no remote store."""
+
+    code = "no_remote"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this daemon has no remote store, so no checkpoint can become remote: nothing "
+            "was created (start the daemon with --store s3://BUCKET/PREFIX, or drop "
+            "--wait-remote)"
+        )
+
+
+class UploadFailed(SpriteError):
+    """A ``--wait-remote`` whose upload failed past its bound (the checkpoint is kept)."""
+
+    code = "upload_failed"
+    exit_code = 3
+
+
+class _Stopping(Exception):
+    """Raised by the progress callback to end a push at shutdown."""
+
+
+class Uploader:
+    """Pushes an engine's store to ``storage`` after each commit, in the background.
+
+    Args:
+        engine: the daemon's engine (its store is writable).
+        storage: the bucket.
+        on_change: called in the trio thread after a push made checkpoints remote (the
+            daemon drops its cached answers, which show each checkpoint's ``storage``).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        storage: ObjectStorage,
+        *,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.storage = storage
+        self.on_change = on_change
+        self.state = "starting"  # starting, idle, uploading, retrying, stopped
+        self.last_error: str | None = None
+        self.failures = 0  # failed pushes in a row
+        self.failed_total = 0  # failed pushes since start (what a waiter counts)
+        self.generation: int | None = None  # the newest generation this daemon pushed
+        self.last_push: str | None = None  # when (RFC 3339)
+        self.progress: PushProgress | None = None
+        self.next_attempt: float | None = None  # trio.current_time() of the next try
+        self._durable: frozenset[str] = frozenset()
+        self._wake = trio.Event()  # a commit, or a waiter asking for a try now
+        self._changed = trio.Event()  # anything a waiter or the status shows
+        self._stopping = False
+        self._token: trio.lowlevel.TrioToken | None = None
+
+    # -- what others ask (trio thread) ----------------------------------------------------
+
+    def notify(self) -> None:
+        """Says the store committed something (a job ended): a push may be due."""
+        self._wake.set()
+
+    def storage_of(self, cid: str) -> str:
+        """``remote`` if a pushed generation holds checkpoint ``cid``, else ``local``."""
+        return "remote" if cid in self._durable else "local"
+
+    def stop(self) -> None:
+        """Makes a running push end at its next pack (at shutdown; it commits nothing)."""
+        self._stopping = True
+        self._wake.set()
+
+    def to_json(self, local: int) -> dict[str, Any]:
+        """The ``remote`` part of ``/v1/status`` (``local``: checkpoints not yet remote)."""
+        wait = None
+        if self.next_attempt is not None:
+            wait = round(max(0.0, self.next_attempt - trio.current_time()), 3)
+        return {
+            "url": repr(self.storage),
+            "state": self.state,
+            "local": local,
+            "generation": self.generation,
+            "last_push": self.last_push,
+            "last_error": self.last_error,
+            "failures": self.failures,
+            "next_attempt_s": wait,
+            "progress": asdict(self.progress) if self.progress is not None else None,
+        }
+
+    async def wait_remote(self, cid: str) -> AsyncIterator[dict[str, Any]]:
+        """Waits until checkpoint ``cid`` is remote, yielding the push's counters as they
+        change (a ``progress`` event's fields).
+
+        Raises:
+            UploadFailed: :data:`WAIT_FAILURES` pushes failed since the wait began (the
+                upload goes on in the background).
+            UnknownCheckpoint: ``cid`` was deleted meanwhile.
+        """
+        start = self.failed_total
+        self._wake.set()  # a try now, even in a backoff: someone waits
+        shown: PushProgress | None = None
+        while cid not in self._durable:
+            if self.state == "stopped":
+                raise Problem("stopping", f"the daemon stopped before {cid} was remote")
+            failed = self.failed_total - start
+            if failed >= WAIT_FAILURES:
+                raise UploadFailed(
+                    f"checkpoint {cid} is not remote: its upload to {self.storage!r} failed "
+                    f"{failed} times ({self.last_error}). It is kept locally, and the upload "
+                    "goes on in the background with backoff (see sprite-env status)"
+                )
+            if failed and self.state == "retrying":
+                self._wake.set()  # the waiter's bound, not the backoff's, decides
+            if self.progress is not None and self.progress != shown:
+                shown = self.progress
+                yield asdict(shown)
+            changed = self._changed
+            await changed.wait()
+            if cid not in self._durable:
+                await trio.to_thread.run_sync(self.engine.info, cid)  # deleted: not found
+
+    # -- the task -------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Pushes whenever the checkpoints differ from what the bucket holds, until
+        cancelled (first thing: whatever a previous run left unpushed)."""
+        self._token = trio.lowlevel.current_trio_token()
+        self._durable = await trio.to_thread.run_sync(
+            lambda: durable_checkpoints(self.engine.store)
+        )
+        task_status.started()
+        races = 0
+        try:
+            while not self._stopping:
+                self._wake = trio.Event()  # a commit from here on wakes the next round
+                try:
+                    done = await trio.to_thread.run_sync(self._push_if_behind)
+                except _Stopping:
+                    break
+                except FileNotFoundError as e:
+                    races += 1
+                    if races <= RACE_RETRIES:  # a prune unlinked a pack: a new copy now
+                        log.info("remote push raced a prune (%s); pushing again", e)
+                        continue
+                    await self._failed(e)
+                    continue
+                except Exception as e:  # the daemon serves on; the status says why
+                    await self._failed(e)
+                    continue
+                races = 0
+                if done is None:
+                    self._set(state="idle")
+                    await self._wake.wait()
+                    continue
+                ids, report = done
+                self._pushed(ids, report)
+        finally:
+            self._set(state="stopped", next_attempt=None)  # waiters hear it
+
+    def _push_if_behind(self) -> tuple[frozenset[str], PushReport] | None:
+        """In a worker thread: one push if the checkpoints differ from the durable record
+        (the ids are listed before the push, so its copy holds each of them)."""
+        ids = frozenset(c.id for c in self.engine.checkpoints(include_auto=True))
+        if ids == self._durable:
+            return None
+        self._from_thread(self._set, state="uploading", progress=None)
+        report = push(self.engine.store, self.storage, progress=self._on_progress)
+        record_durable(self.engine.store, report.generation, ids)
+        return ids, report
+
+    def _on_progress(self, p: PushProgress) -> None:
+        if self._stopping:
+            raise _Stopping
+        self._from_thread(self._set, progress=p)
+
+    def _from_thread(self, fn: Callable[..., None], **kw: Any) -> None:
+        assert self._token is not None
+        self._token.run_sync_soon(lambda: fn(**kw))
+
+    def _set(self, **fields: Any) -> None:
+        for k, v in fields.items():
+            setattr(self, k, v)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _pushed(self, ids: frozenset[str], report: PushReport) -> None:
+        gen = report.generation
+        log.info(
+            "remote: generation %d pushed to %r (%d packs, %d bytes sent; %d checkpoints)",
+            gen.number,
+            self.storage,
+            report.packs_uploaded,
+            report.bytes_uploaded,
+            len(ids),
+        )
+        self._durable = ids
+        self._set(
+            generation=gen.number,
+            last_push=events.now_rfc3339(),
+            last_error=None,
+            failures=0,
+            next_attempt=None,
+        )
+        if self.on_change is not None:
+            self.on_change()
+
+    async def _failed(self, e: Exception) -> None:
+        """Records a failed push and waits out its backoff (cut short by a waiter)."""
+        if isinstance(e, SpriteError | OSError | sqlite3.Error):
+            message = problem_for(e).message
+            log.warning("remote push to %r failed: %s", self.storage, message)
+        else:  # a bug, not the server: its traceback is worth an operator's eye
+            message = f"internal error: {type(e).__name__}: {e}"
+            log.exception("remote push to %r failed", self.storage)
+        bound = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2**self.failures)
+        delay = random.uniform(0.0, bound)
+        self._set(
+            state="retrying",
+            last_error=message,
+            failures=self.failures + 1,
+            failed_total=self.failed_total + 1,
+            progress=None,
+            next_attempt=trio.current_time() + delay,
+        )
+        with trio.move_on_after(delay):
+            await self._wake.wait()
+        self._set(next_attempt=None)
+
+
+class RemoteWait:
+    """A create's job followed by the wait for its checkpoint to be remote
+    (``create --wait-remote``): the router's :class:`~sprite_env.api.backend.JobHandle`.
+
+    The stream is the job's, its ``complete`` line held back until the checkpoint is
+    remote (``progress`` lines of phase ``upload`` meanwhile), then sent with
+    ``storage: remote``; or an ``error`` line (``upload_failed``) if the upload failed past
+    its bound. The job itself ends as always: a client that leaves stops only its wait.
+    """
+
+    def __init__(self, job: Job, uploader: Uploader) -> None:
+        self.job = job
+        self.uploader = uploader
+
+    def to_json(self) -> dict[str, Any]:
+        return self.job.to_json()
+
+    def stream(self) -> AsyncIterator[bytes]:
+        return self._lines()
+
+    async def _lines(self) -> AsyncIterator[bytes]:
+        final: events.Event | None = None
+        async for e in self.job.follow():
+            if e["type"] == "complete":
+                final = e
+                break
+            yield events.encode(e)
+        if final is None:  # the job failed: its error line was the last
+            return
+        cid = final.get("id")
+        if not isinstance(cid, str):
+            yield events.encode(final)
+            return
+        started = time.monotonic()
+        yield events.encode(
+            events.info(self.job.id, f"Uploading {cid} to {self.uploader.storage!r}...")
+        )
+        try:
+            async for counters in self.uploader.wait_remote(cid):
+                yield events.encode(events.progress(self.job.id, UPLOAD_PHASE, counters))
+        except (SpriteError, Problem) as e:
+            problem = problem_for(e)
+            yield events.encode(events.error(self.job.id, problem.message, problem.code))
+            return
+        seconds = time.monotonic() - started
+        yield events.encode(events.info(self.job.id, f"{cid} is remote ({seconds:.1f} s)"))
+        done = dict(final, time=events.now_rfc3339())
+        if isinstance(done.get("checkpoint"), dict):
+            done["checkpoint"] = {**done["checkpoint"], "storage": "remote"}
+        yield events.encode(done)
+
+
+__all__ = [
+    "BACKOFF_FIRST_S",
+    "BACKOFF_MAX_S",
+    "WAIT_FAILURES",
+    "NoRemote",
+    "RemoteWait",
+    "UploadFailed",
+    "Uploader",
+]
