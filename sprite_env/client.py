@@ -338,16 +338,21 @@ class Client:
         auto: bool = False,
         reason: str | None = None,
         created_by: str | None = None,
+        wait_remote: bool = False,
         on_event: OnEvent | None = None,
     ) -> Event:
         """Takes a checkpoint; returns the ``complete`` event (``id``, ``checkpoint``, or
-        ``skipped`` for an auto checkpoint a recent one makes unnecessary).
+        ``skipped`` for an auto checkpoint a recent one makes unnecessary). With
+        ``wait_remote``, only once the checkpoint is durable in the store's bucket.
 
         Raises:
             ApiError: refused before the stream (``invalid_comment``, ``quota_exceeded``,
-                ``busy``) or failed in it (an ``error`` event, e.g. ``store_error``).
+                ``busy``, ``no_remote``) or failed in it (an ``error`` event, e.g.
+                ``store_error``, ``upload_failed``).
         """
         body: JsonObject = {"comment": comment}
+        if wait_remote:
+            body["wait_remote"] = True
         if auto:
             body["auto"] = True
         if reason is not None:

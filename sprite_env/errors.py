@@ -92,6 +92,7 @@ _API_EXIT_CODES: dict[str, int] = {
             "active_checkpoint",
             "quota_exceeded",
             "no_base_image",
+            "no_remote",
             "unknown_path",
             "method_not_allowed",
             "body_too_large",
@@ -100,6 +101,7 @@ _API_EXIT_CODES: dict[str, int] = {
         2,
     ),
     "store_error": 3,
+    "upload_failed": 3,
     "restore_failed": 6,
     "busy": 4,
 }

@@ -68,8 +68,17 @@ class Backend(Protocol):
         ...
 
     async def create(
-        self, comment: str, actor: str, *, auto: bool = False, reason: str | None = None
-    ) -> JobHandle: ...
+        self,
+        comment: str,
+        actor: str,
+        *,
+        auto: bool = False,
+        reason: str | None = None,
+        wait_remote: bool = False,
+    ) -> JobHandle:
+        """A create job; with ``wait_remote`` its stream ends once the checkpoint is in
+        the store's bucket (refused, ``no_remote``, with no bucket)."""
+        ...
 
     async def restore(self, cid: str, actor: str) -> JobHandle: ...
 

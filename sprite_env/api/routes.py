@@ -346,6 +346,7 @@ class Router:
             self._actor(req, body),
             auto=bool(body.get("auto")),
             reason=body.get("reason"),
+            wait_remote=bool(body.get("wait_remote")),
         )
         return StreamResponse(200, job.stream())
 

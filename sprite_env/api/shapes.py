@@ -12,9 +12,9 @@ their start-up path, and every layer may use it without a cycle.
 
 Shapes: :class:`Checkpoint` (a list row or an info), :class:`Problem` (an error),
 :class:`DiffEntry` in a :data:`Diff`, :class:`PreviewStep` in a :class:`Preview`, the four
-events (:data:`Event`), :class:`Job`, :class:`Status`, :class:`DeleteReport`,
-:class:`ActivityEntry`, :class:`Entry` (a non-file of a checkpoint), and the request
-bodies (:class:`CreateRequest`, ...).
+events (:data:`Event`), :class:`Job`, :class:`Status` (and its :class:`RemoteStatus`),
+:class:`DeleteReport`, :class:`ActivityEntry`, :class:`Entry` (a non-file of a
+checkpoint), and the request bodies (:class:`CreateRequest`, ...).
 """
 
 import types
@@ -42,6 +42,8 @@ ChangeKind = Literal["added", "removed", "modified", "meta"]
 ActionKind = Literal["delete", "create", "change", "metadata"]
 #: The type of an entry of a tree.
 EntryType = Literal["file", "dir", "symlink", "chr", "blk", "fifo"]
+#: Where a checkpoint is durable: this machine only, or in the store's bucket too.
+Storage = Literal["local", "remote"]
 
 
 class CaptureWarning(TypedDict):
@@ -56,7 +58,9 @@ class CaptureWarning(TypedDict):
 class Checkpoint(TypedDict):
     """One checkpoint: Sprites' fields (id, create_time, comment, is_auto, history) and
     ours. ``unique_bytes`` (in list and info): what deleting it alone would free; null
-    when a damaged store cannot tell."""
+    when a damaged store cannot tell. ``storage`` (in list, info and a create's event):
+    ``remote`` once a catalog generation holding it is durable in the store's bucket,
+    else ``local`` (always, for a store with no remote)."""
 
     id: str
     create_time: str
@@ -74,6 +78,7 @@ class Checkpoint(TypedDict):
     walk_reason: str
     is_active: bool
     unique_bytes: NotRequired[int | None]
+    storage: NotRequired[Storage]
 
 
 class Problem(TypedDict):
@@ -218,8 +223,27 @@ class Job(TypedDict):
     error: NotRequired[Problem]
 
 
+class RemoteStatus(TypedDict):
+    """The background upload to the store's bucket (``/v1/status``'s ``remote``):
+    ``state`` idle, uploading, retrying (after a failed push: ``last_error`` says why,
+    ``next_attempt_s`` when it tries again), starting or stopped; ``local`` the checkpoints
+    not yet remote; ``generation`` the newest this daemon pushed; ``progress`` the push's
+    packs and bytes sent of those the bucket lacked."""
+
+    url: str
+    state: Literal["starting", "idle", "uploading", "retrying", "stopped"]
+    local: int
+    generation: int | None
+    last_push: str | None
+    last_error: str | None
+    failures: int
+    next_attempt_s: float | None
+    progress: dict[str, int] | None
+
+
 class Status(TypedDict):
-    """The daemon (``GET /v1/status``): where it works, the job running, the store's use."""
+    """The daemon (``GET /v1/status``): where it works, the job running, the store's use,
+    the upload to its bucket (``remote``, null with no remote)."""
 
     version: str
     pid: int
@@ -236,6 +260,7 @@ class Status(TypedDict):
     auto_interval_s: float
     max_checkpoints: int
     store_usage: dict[str, Any]
+    remote: RemoteStatus | None
 
 
 class ActivityEntry(TypedDict):
@@ -295,12 +320,15 @@ class ServiceLogs(TypedDict):
 
 
 class CreateRequest(TypedDict, total=False):
-    """``POST /v1/checkpoint``: ``auto`` and ``reason`` as ``create --auto --reason``."""
+    """``POST /v1/checkpoint``: ``auto`` and ``reason`` as ``create --auto --reason``;
+    ``wait_remote`` as ``create --wait-remote``: the stream ends once the checkpoint is
+    remote (``progress`` lines of phase ``upload`` meanwhile), or with ``upload_failed``."""
 
     comment: str
     auto: bool
     reason: str
     created_by: str
+    wait_remote: bool
 
 
 class RestoreRequest(TypedDict, total=False):
@@ -350,6 +378,7 @@ SHAPES: tuple[Any, ...] = (
     CompleteEvent,
     ErrorEvent,
     Job,
+    RemoteStatus,
     Status,
     DeleteReport,
     ActivityEntry,

@@ -59,6 +59,7 @@ from sprite_env.store.backend import open_backed_store
 from sprite_env.store.codec import object_id
 from sprite_env.store.faults import crashpoint
 from sprite_env.store.prune import PruneReport, plan_prune
+from sprite_env.store.remote import durable_checkpoints
 
 #: The command a damaged store's messages point to.
 CHECK_HINT = "sprite-env store check --read-data"
@@ -336,20 +337,29 @@ class Engine:
         self, *, include_auto: bool = False, history: str | None = None
     ) -> list[dict[str, Any]]:
         """The JSON rows of :meth:`checkpoints` (what list answers, online and offline),
-        each with ``unique_bytes``: what deleting that checkpoint alone would free."""
+        each with ``unique_bytes``: what deleting that checkpoint alone would free, and
+        ``storage``: ``remote`` once a generation this store pushed holds it, else
+        ``local`` (issue 14; always ``local`` for a store never pushed)."""
         active = self.registry.active()
         unique = self.unique_bytes()
+        remote = durable_checkpoints(self.store)
         return [
-            {**c.to_json(active=active), "unique_bytes": unique.get(c.id)}
+            {
+                **c.to_json(active=active),
+                "unique_bytes": unique.get(c.id),
+                "storage": "remote" if c.id in remote else "local",
+            }
             for c in self.checkpoints(include_auto=include_auto, history=history)
         ]
 
     def info_json(self, cid: str) -> dict[str, Any]:
-        """One checkpoint's JSON (info), with ``unique_bytes`` as in :meth:`listing`."""
+        """One checkpoint's JSON (info), with ``unique_bytes`` and ``storage`` as in
+        :meth:`listing`."""
         c = self.registry.get(cid)
         return {
             **c.to_json(active=self.registry.active()),
             "unique_bytes": self.unique_bytes()[cid],
+            "storage": "remote" if cid in durable_checkpoints(self.store) else "local",
         }
 
     def active(self) -> str | None:

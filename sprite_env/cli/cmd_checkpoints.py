@@ -50,6 +50,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="NAME",
         help="record NAME as its creator (default: the --as name)",
     )
+    q.add_argument(
+        "--wait-remote",
+        action="store_true",
+        help="return only once the checkpoint is durable in the store's bucket (--store "
+        "s3://...), showing the upload; fails (exit 3) if the upload fails past its retries",
+    )
     add_common_options(q)
     q.set_defaults(func=_create)
 

@@ -98,6 +98,11 @@ class _Progress:
 
 def create(args: argparse.Namespace) -> int:
     who = _created_by(args)  # a bad --as is refused before the store is even opened
+    bucket = remote(args)
+    if args.wait_remote and bucket is None:
+        from sprite_env.daemon.uploader import NoRemote
+
+        raise NoRemote("this store", "give")
     with _Progress(args) as progress, _engine(args) as e:
         cp = e.create(
             args.comment or args.reason or "",
@@ -106,15 +111,21 @@ def create(args: argparse.Namespace) -> int:
             progress=progress,
         )
         active = e.active()
+        where = "local"
+        if args.wait_remote and bucket is not None:  # no daemon: this process uploads
+            from sprite_env.daemon.uploader import UPLOAD_PHASE, push_checkpoints
+
+            show = (lambda p: progress(UPLOAD_PHASE, p)) if progress else None
+            push_checkpoints(e, bucket.storage(), show)
+            where = "remote"
+    shown = {**cp.to_json(active=active), "storage": where}
     if args.json:
         done = f"Checkpoint {cp.id} created successfully"
-        render.print_json(
-            events.complete(None, done, id=cp.id, checkpoint=cp.to_json(active=active))
-        )
+        render.print_json(events.complete(None, done, id=cp.id, checkpoint=shown))
     else:
         for w in cp.warnings:
             render.warn(f"warning: {w['path']}: {w['message']}")
-        print(render.created_line(cast("shapes.Checkpoint", cp.to_json(active=active))))
+        print(render.created_line(cast("shapes.Checkpoint", shown)))
     return 0
 
 

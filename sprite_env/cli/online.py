@@ -61,6 +61,7 @@ def create(args: argparse.Namespace) -> int:
             auto=args.auto,
             reason=args.reason,
             created_by=args.created_by,
+            wait_remote=args.wait_remote,
             on_event=on_event,
         ),
     )

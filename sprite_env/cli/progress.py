@@ -69,6 +69,11 @@ def describe_progress(event: dict[str, Any]) -> str:
             f"restoring: {c.get('created', 0)} created, {c.get('modified', 0)} changed, "
             f"{c.get('removed', 0)} removed, {size(c.get('bytes_written', 0))} written"
         )
+    if phase == "upload":  # create --wait-remote: the push to the bucket
+        return (
+            f"uploading: {c.get('packs', 0)}/{c.get('packs_total', 0)} packs, "
+            f"{size(c.get('bytes', 0))} of {size(c.get('bytes_total', 0))}"
+        )
     shown = [
         f"{size(v) if 'bytes' in k else v} {k.replace('_', ' ')}"
         for k, v in c.items()

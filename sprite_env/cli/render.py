@@ -62,9 +62,12 @@ def timestamp(rfc3339: str) -> str:
 
 
 def checkpoint_table(rows: Sequence[shapes.Checkpoint]) -> str:
-    """The ``checkpoints list`` table; ``*`` marks the active checkpoint."""
+    """The ``checkpoints list`` table; ``*`` marks the active checkpoint. A STORAGE column
+    (``local`` or ``remote``) once any checkpoint is in a bucket: a store with no remote,
+    where every one is ``local``, is not told so on every line."""
+    storage = any(c.get("storage") == "remote" for c in rows)
     return table(
-        ("ID", "CREATED", "FILES", "SIZE", "ADDED", "COMMENT"),
+        ("ID", "CREATED", "FILES", "SIZE", "ADDED", *(("STORAGE",) if storage else ()), "COMMENT"),
         (
             (
                 c["id"]
@@ -74,6 +77,7 @@ def checkpoint_table(rows: Sequence[shapes.Checkpoint]) -> str:
                 str(c["files"]),
                 size(c["bytes"]),
                 size(c["bytes_added"]),
+                *((c.get("storage", "local"),) if storage else ()),
                 one_line(c["comment"]),
             )
             for c in rows
@@ -128,6 +132,11 @@ def checkpoint_info(c: shapes.Checkpoint) -> Iterator[str]:
     unique = c.get("unique_bytes")
     if unique is not None:
         yield f"Unique:   {size(unique)} held by no other checkpoint (a delete frees it)"
+    where = c.get("storage")
+    if where == "remote":
+        yield "Storage:  remote (durable in the store's bucket too)"
+    elif where == "local":
+        yield "Storage:  local (on this machine only)"
     for w in c.get("warnings") or []:
         yield f"Warning:  {w['path']}: {w['message']}"
 
@@ -135,9 +144,10 @@ def checkpoint_info(c: shapes.Checkpoint) -> Iterator[str]:
 def created_line(c: shapes.Checkpoint) -> str:
     """What ``checkpoints create`` prints: the figures, then Sprites' own last line
     (``Checkpoint created: vN``), which scripts written for Sprites parse."""
+    remote = ", durable in the store's bucket" if c.get("storage") == "remote" else ""
     return (
         f"{c['id']}: {c['files']} files, {size(c['bytes'])}, "
-        f"{size(c['bytes_added'])} newly stored\nCheckpoint created: {c['id']}"
+        f"{size(c['bytes_added'])} newly stored{remote}\nCheckpoint created: {c['id']}"
     )
 
 

@@ -42,6 +42,7 @@ from sprite_env.daemon.retention import (
     plan_retention,
 )
 from sprite_env.daemon.scheduler import run_scheduler
+from sprite_env.daemon.uploader import NoRemote, RemoteWait, Uploader
 from sprite_env.errors import SpriteError, StoreError, UserError
 from sprite_env.journal import ChangeJournal, Journal, NoJournal, open_journal
 from sprite_env.overlay import Overlay, freeze
@@ -154,6 +155,8 @@ class Daemon:
         self._answers: dict[tuple[object, ...], bytes] = {}
         self._generation = 0
         self.lock_fd = -1  # STATE/daemon.lock, where clients read what we are doing
+        #: The background upload to the store's bucket (None: no remote store).
+        self.uploader: Uploader | None = None
 
     def say_phase(self, phase: str) -> None:
         if self.lock_fd >= 0:
@@ -193,7 +196,26 @@ class Daemon:
             "store_usage": await trio.to_thread.run_sync(
                 lambda: store_stats(self.engine.store).to_json()
             ),
+            "remote": await self._remote_status(),
         }
+
+    async def _remote_status(self) -> shapes.RemoteStatus | None:
+        up = self.uploader
+        if up is None:
+            return None
+        ids = await trio.to_thread.run_sync(
+            lambda: [c.id for c in self.engine.checkpoints(include_auto=True)]
+        )
+        local = sum(1 for cid in ids if up.storage_of(cid) == "local")
+        return cast("shapes.RemoteStatus", up.to_json(local))
+
+    def _storage_of(self, cid: str) -> str:
+        return "local" if self.uploader is None else self.uploader.storage_of(cid)
+
+    def _drop_answers(self) -> None:
+        """Cached list and info answers are stale (they show each checkpoint's storage)."""
+        self._generation += 1
+        self._answers.clear()
 
     async def checkpoints_json(self, include_auto: bool, history: str | None) -> bytes:
         """``GET /v1/checkpoints``, encoded. Answers are cached until the next job ends:
@@ -287,12 +309,22 @@ class Daemon:
     # -- jobs ------------------------------------------------------------------------------
 
     async def create(
-        self, comment: str, actor: str, *, auto: bool = False, reason: str | None = None
-    ) -> Job:
+        self,
+        comment: str,
+        actor: str,
+        *,
+        auto: bool = False,
+        reason: str | None = None,
+        wait_remote: bool = False,
+    ) -> Job | RemoteWait:
+        """A create job (``wait_remote``: its stream ends once the checkpoint is remote,
+        see :class:`~sprite_env.daemon.uploader.RemoteWait`)."""
         from sprite_env.checkpoints.engine import check_comment
 
         text = reason if auto and reason else comment
         check_comment(text)
+        if wait_remote and self.uploader is None:
+            raise NoRemote  # before anything is created
         if not auto:  # a manual create over the quota is refused before its stream starts
             try:
                 await trio.to_thread.run_sync(self._room_for, 1, True, actor, "this checkpoint")
@@ -329,7 +361,7 @@ class Daemon:
                     f"Checkpoint {said}",
                     id=on,
                     skipped=True,
-                    checkpoint=current.to_json(active=on),
+                    checkpoint={**current.to_json(active=on), "storage": self._storage_of(str(on))},
                 )
             cp = made
             extra: dict[str, Any] = {}
@@ -346,11 +378,14 @@ class Daemon:
                 job.id,
                 f"Checkpoint {cp.id} created successfully",
                 id=cp.id,
-                checkpoint=cp.to_json(active=cp.id),
+                checkpoint={**cp.to_json(active=cp.id), "storage": self._storage_of(cp.id)},
                 **extra,
             )
 
-        return self.jobs.submit("create", None, actor, self._recorded("create", None, actor, body))
+        job = self.jobs.submit("create", None, actor, self._recorded("create", None, actor, body))
+        if wait_remote and self.uploader is not None:
+            return RemoteWait(job, self.uploader)
+        return job
 
     async def restore(self, cid: str, actor: str) -> Job:
         await trio.to_thread.run_sync(self.engine.info, cid)  # 404/400 before the 202
@@ -741,8 +776,9 @@ class Daemon:
         await _finished(self.jobs.submit("auto", None, "scheduler", body))
 
     def _after_job(self, job: Job) -> None:
-        self._generation += 1
-        self._answers.clear()
+        self._drop_answers()
+        if self.uploader is not None:  # a commit, maybe: pushed if the bucket lacks it
+            self.uploader.notify()
         if self.view is not None and job.kind in ("create", "restore", "reset", "delete", "auto"):
             self.view.refresh()
 
@@ -904,8 +940,14 @@ async def run(
                     services.start_soon(_poll_journal, journal)
                     await services.start(supervisor.run)
                     await _finish_interrupted(daemon)
+                    if config.remote is not None:  # after a restore resumed: it commits
+                        storage = await trio.to_thread.run_sync(config.remote.storage)
+                        daemon.uploader = Uploader(engine, storage, on_change=daemon._drop_answers)
+                        await services.start(daemon.uploader.run)
                     await env.up()
                     await _serve(daemon, signals, task_status)
+                    if daemon.uploader is not None:  # a push ends at its next pack
+                        daemon.uploader.stop()
                     await supervisor.stop_all()
                     await _shutdown_checkpoint(daemon)
                     services.cancel_scope.cancel()

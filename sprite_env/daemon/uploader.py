@@ -71,11 +71,10 @@ class NoRemote(UserError):
 
     code = "no_remote"
 
-    def __init__(self) -> None:
+    def __init__(self, who: str = "this daemon", how: str = "start the daemon with") -> None:
         super().__init__(
-            "this daemon has no remote store, so no checkpoint can become remote: nothing "
-            "was created (start the daemon with --store s3://BUCKET/PREFIX, or drop "
-            "--wait-remote)"
+            f"{who} has no remote store, so no checkpoint can become remote: nothing was "
+            f"created ({how} --store s3://BUCKET/PREFIX, or drop --wait-remote)"
         )
 
 
@@ -117,6 +116,7 @@ class Uploader:
         self.generation: int | None = None  # the newest generation this daemon pushed
         self.last_push: str | None = None  # when (RFC 3339)
         self.progress: PushProgress | None = None
+        self.last_sent: PushProgress | None = None  # the last push's final counters
         self.next_attempt: float | None = None  # trio.current_time() of the next try
         self._durable: frozenset[str] = frozenset()
         self._wake = trio.Event()  # a commit, or a waiter asking for a try now
@@ -187,6 +187,8 @@ class Uploader:
             await changed.wait()
             if cid not in self._durable:
                 await trio.to_thread.run_sync(self.engine.info, cid)  # deleted: not found
+        if self.last_sent is not None and self.last_sent != shown:
+            yield asdict(self.last_sent)  # what the push that made it remote sent, at least
 
     # -- the task -------------------------------------------------------------------------
 
@@ -227,15 +229,12 @@ class Uploader:
             self._set(state="stopped", next_attempt=None)  # waiters hear it
 
     def _push_if_behind(self) -> tuple[frozenset[str], PushReport] | None:
-        """In a worker thread: one push if the checkpoints differ from the durable record
-        (the ids are listed before the push, so its copy holds each of them)."""
+        """In a worker thread: one push if the checkpoints differ from the durable record."""
         ids = frozenset(c.id for c in self.engine.checkpoints(include_auto=True))
         if ids == self._durable:
             return None
         self._from_thread(self._set, state="uploading", progress=None)
-        report = push(self.engine.store, self.storage, progress=self._on_progress)
-        record_durable(self.engine.store, report.generation, ids)
-        return ids, report
+        return push_checkpoints(self.engine, self.storage, self._on_progress)
 
     def _on_progress(self, p: PushProgress) -> None:
         if self._stopping:
@@ -264,6 +263,7 @@ class Uploader:
         )
         self._durable = ids
         self._set(
+            last_sent=self.progress,  # the push's last counters (what it sent)
             generation=gen.number,
             last_push=events.now_rfc3339(),
             last_error=None,
@@ -294,6 +294,22 @@ class Uploader:
         with trio.move_on_after(delay):
             await self._wake.wait()
         self._set(next_attempt=None)
+
+
+def push_checkpoints(
+    engine: Engine, storage: ObjectStorage, progress: Callable[[PushProgress], None] | None
+) -> tuple[frozenset[str], PushReport]:
+    """One push of ``engine``'s store, then the record of the checkpoints it made remote
+    (blocks). The ids are listed before the push: each was committed before the push's
+    copy of the catalog, so that copy holds it.
+
+    Raises:
+        as :func:`~sprite_env.store.remote.push`.
+    """
+    ids = frozenset(c.id for c in engine.checkpoints(include_auto=True))
+    report = push(engine.store, storage, progress=progress)
+    record_durable(engine.store, report.generation, ids)
+    return ids, report
 
 
 class RemoteWait:
@@ -356,4 +372,5 @@ __all__ = [
     "RemoteWait",
     "UploadFailed",
     "Uploader",
+    "push_checkpoints",
 ]

@@ -112,6 +112,7 @@ class FakeBackend:
             "auto_interval_s": 0.0,
             "max_checkpoints": 200,
             "store_usage": {},
+            "remote": None,
         }
 
     async def checkpoints_json(self, include_auto: bool, history: str | None) -> bytes:
@@ -123,9 +124,17 @@ class FakeBackend:
         return json.dumps(self._known(cid)).encode()
 
     async def create(
-        self, comment: str, actor: str, *, auto: bool = False, reason: str | None = None
+        self,
+        comment: str,
+        actor: str,
+        *,
+        auto: bool = False,
+        reason: str | None = None,
+        wait_remote: bool = False,
     ) -> FakeJob:
-        self._call("create", comment, actor, auto, reason)
+        self._call(
+            "create", comment, actor, auto, reason, *(("wait_remote",) if wait_remote else ())
+        )
         return self._submit("create", None)
 
     async def restore(self, cid: str, actor: str) -> FakeJob:

@@ -1,27 +1,25 @@
 """The background uploader in-process (issue 14, point 3), over a real engine and the real
 Swift: commits pushed in order, coalesced while a push runs, recorded durable in the store,
-resumed after a restart, a failing server retried with backoff while the state says why.
-The daemon's side (API, CLI, SIGKILL) is ``test_upload_daemon.py``."""
+resumed after a restart. The daemon's side (API, CLI, SIGKILL, a stopped server retried
+while the status says why) is ``test_upload_daemon.py``."""
 
 from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING, Any
 
-import pytest
 import trio
 
 from sprite_env.checkpoints import Engine
-from sprite_env.daemon import uploader as uploader_mod
-from sprite_env.daemon.uploader import Uploader, UploadFailed
+from sprite_env.daemon.uploader import Uploader
 from sprite_env.store import check, open_store
 from sprite_env.store.remote import durable, durable_checkpoints, generations, pull
-from sprite_env.store.s3 import S3Storage, StoreUrl, make_client
 from tests.helpers import trees
-from tests.remote.conftest import Server, use_server
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from sprite_env.store.s3 import S3Storage
 
 
 def _write(root: str, rel: str, data: bytes) -> None:
@@ -146,56 +144,3 @@ def test_a_restart_pushes_what_is_not_remote_and_nothing_when_all_is(
     assert third.generation == 1
     with open_store(store_dir, writable=False) as s:
         assert durable_checkpoints(s) == frozenset({"v1"})
-
-
-def test_a_stopped_server_is_retried_with_backoff_and_the_state_says_why(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, expect_log: Any
-) -> None:
-    """The server down: each push fails after the client's bound, the uploader backs off
-    (the state ``retrying``, the server's words in ``last_error``), a waiter fails after
-    WAIT_FAILURES pushes; the server back: the next try makes everything remote."""
-    expect_log("remote push to s3://down/store/ failed")
-    server = Server(str(tmp_path / "server"))
-    server.start()
-    try:
-        use_server(server, monkeypatch)
-        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # one request, no client retry
-        monkeypatch.setattr(uploader_mod, "BACKOFF_FIRST_S", 0.2)
-        storage = S3Storage(StoreUrl("down", "store/"), make_client())
-        storage.create_bucket()
-        root, store_dir = str(tmp_path / "layer"), str(tmp_path / "store")
-        trees.build_tree(root, trees.sample_spec())
-        server.stop()
-        seen: dict[str, Any] = {}
-
-        async def main() -> None:
-            with Engine(root, store_dir) as e:
-                e.create("v0")
-                up = Uploader(e, storage)
-                async with trio.open_nursery() as n:
-                    await n.start(up.run)
-                    await _until(lambda: up.failures >= 2)
-                    seen["status"] = up.to_json(local=1)
-                    with pytest.raises(UploadFailed) as failed:
-                        async for _ in up.wait_remote("v0"):
-                            pass
-                    seen["wait"] = str(failed.value)
-                    await trio.to_thread.run_sync(server.start)
-                    await _until(lambda: up.storage_of("v0") == "remote")
-                    seen["after"] = up.to_json(local=0)
-                    n.cancel_scope.cancel()
-
-        trio.run(main)
-    finally:
-        server.stop()
-    status = seen["status"]
-    assert status["state"] == "retrying"
-    assert status["failures"] >= 2
-    assert "upload of packs/" in status["last_error"] or "listing of" in status["last_error"]
-    assert status["next_attempt_s"] is not None
-    assert "is not remote" in seen["wait"]
-    assert "goes on in the background" in seen["wait"]
-    after = seen["after"]
-    assert after["last_error"] is None
-    assert after["failures"] == 0
-    assert after["generation"] == 0
