@@ -33,6 +33,7 @@ from sprite_env.api.server import Limits, serve_unix
 from sprite_env.checkpoints import Engine
 from sprite_env.checkpoints.engine import CHECK_HINT, RestoreFailed
 from sprite_env.daemon.activity import ActivityLog
+from sprite_env.daemon.answers import AnswerCache
 from sprite_env.daemon.environment import Environment
 from sprite_env.daemon.jobs import Job, JobRunner
 from sprite_env.daemon.retention import (
@@ -55,7 +56,7 @@ from sprite_env.store.check import stats as store_stats
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import AsyncIterator, Callable, Iterator
+    from collections.abc import AsyncIterator, Iterator
 
     from sprite_env.api.backend import JobHandle
     from sprite_env.api.events import Event
@@ -66,8 +67,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sprite_env.daemon")
 
-#: Encoded answers of reads kept until the next job ends (see ``checkpoints_json``).
-MAX_CACHED_ANSWERS = 256
 #: An ``{"auto": true}`` request is satisfied by an automatic checkpoint this recent.
 RECENT_AUTO_S = 600
 #: Automatic checkpoints an agent session starts from ("before <client> session", as
@@ -152,8 +151,8 @@ class Daemon:
         self.view: ViewOperations | None = None
         self.started = events.now_rfc3339()
         self.jobs.on_finished.append(self._after_job)
-        self._answers: dict[tuple[object, ...], bytes] = {}
-        self._generation = 0
+        #: List and info answers, until the checkpoints change (``answers.py``).
+        self._answers = AnswerCache()
         self.lock_fd = -1  # STATE/daemon.lock, where clients read what we are doing
         #: The background upload to the store's bucket (None: no remote store).
         self.uploader: Uploader | None = None
@@ -214,38 +213,49 @@ class Daemon:
 
     def _drop_answers(self) -> None:
         """Cached list and info answers are stale (they show each checkpoint's storage)."""
-        self._generation += 1
         self._answers.clear()
 
     async def checkpoints_json(self, include_auto: bool, history: str | None) -> bytes:
-        """``GET /v1/checkpoints``, encoded. Answers are cached until the next job ends:
-        only jobs change checkpoints, and a client polling in a loop then costs a lookup,
-        not a catalog query and a JSON encoding on a process the running job needs."""
+        """``GET /v1/checkpoints``, encoded. Answers are cut from one listing of every
+        checkpoint, read once per change (``answers.py``): a client polling in a loop
+        then costs a lookup, not a catalog query, a walk of the trees (``unique_bytes``)
+        and a JSON encoding on a process the running job needs."""
+        since = self._answers.generation
+        rows = await self._rows()
 
         def read() -> bytes:
-            return _encode(self.engine.listing(include_auto=include_auto, history=history))
+            if history is not None and not any(r["id"] == history for r in rows):
+                # unknown (or newer than the rows): the engine answers, or says not found
+                return _encode(self.engine.listing(include_auto=include_auto, history=history))
+            return _encode(
+                [
+                    r
+                    for r in rows
+                    if (include_auto or not r["is_auto"])
+                    and (history is None or r["id"] == history or history in r["history"])
+                ]
+            )
 
-        return await self._cached(("list", include_auto, history), read)
+        return await self._answers.get(("list", include_auto, history), read, since=since)
 
     async def info_json(self, cid: str) -> bytes:
-        """``GET /v1/checkpoints/{id}``, encoded (cached like the list)."""
+        """``GET /v1/checkpoints/{id}``, encoded: its row of the listing (as the list)."""
+        since = self._answers.generation
+        rows = await self._rows()
 
         def read() -> bytes:
-            return _encode(self.engine.info_json(cid))
+            for r in rows:
+                if r["id"] == cid:
+                    return _encode(r)
+            return _encode(self.engine.info_json(cid))  # not found: the engine's error
 
-        return await self._cached(("info", cid), read)
+        return await self._answers.get(("info", cid), read, since=since)
 
-    async def _cached(self, key: tuple[object, ...], read: Callable[[], bytes]) -> bytes:
-        hit = self._answers.get(key)
-        if hit is not None:
-            return hit
-        generation = self._generation
-        value = await trio.to_thread.run_sync(read)
-        if generation == self._generation:  # no job ended meanwhile: still true
-            if len(self._answers) >= MAX_CACHED_ANSWERS:
-                self._answers.clear()
-            self._answers[key] = value
-        return value
+    async def _rows(self) -> list[dict[str, Any]]:
+        """Every checkpoint's row (``Engine.listing``), newest first, automatic ones too."""
+        return await self._answers.rebuilt(
+            ("rows",), lambda: self.engine.listing(include_auto=True)
+        )
 
     async def diff(self, a: str, b: str | None, actor: str) -> shapes.Diff:
         base = self._base_image()
@@ -995,6 +1005,7 @@ async def _serve(
                     )
                     log.info("listening on %s", config.socket)
                     daemon.say_phase("serving")
+                    front_nursery.start_soon(daemon._answers.run)  # rebuilt after changes
                     front_nursery.start_soon(
                         lambda: run_scheduler(daemon.scheduled, interval=config.auto_interval_s)
                     )
