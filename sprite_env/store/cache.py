@@ -17,6 +17,11 @@ downloads the pack from the bucket first. So a machine that pulled only a catalo
   its last reader lets go, so the space comes back).
 - Downloads of different packs run in parallel; two threads missing the same pack fetch
   it once.
+- In a store (``Store(remote=...)``, made by ``backend.py``) the cache is ``<store>/cache``,
+  beside ``packs/``: a pack captured here stays in ``packs/``, out of the bound, until a
+  generation naming it is durable in the bucket; then :meth:`RemotePacks.adopt` moves it
+  here (a rename), and it may be evicted like any fetched pack. So the bound never
+  pushes out the only copy of a pack.
 
 Errors: a pack the bucket does not have is ``FileNotFoundError`` (the ``PackOpener``
 contract: the reader reports it as a missing pack); a failed request is
@@ -34,12 +39,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sprite_env import privacy
+from sprite_env.ids import PackName
 from sprite_env.store.pack import pack_path
 from sprite_env.store.remote import fetch_verified
 from sprite_env.store.s3 import RemoteNotFound
 
 if TYPE_CHECKING:
-    from sprite_env.ids import PackName
+    from collections.abc import Callable
+
     from sprite_env.store.remote import ObjectStorage
 
 #: The default bound of a cache: 2 GiB, 64 packs of the 32 MiB target size.
@@ -76,6 +83,13 @@ class RemotePacks:
         privacy.make_dir(cache_dir)
         self._lock = threading.Lock()
         self._fetching: dict[str, threading.Lock] = {}
+        #: The bucket's packs (name -> size), listed at the first :meth:`size` of a pack
+        #: not cached; a lock of its own, so no open waits for a listing.
+        self._listed: dict[str, int] | None = None
+        self._list_lock = threading.Lock()
+        #: Told of each evicted pack (a store drops its idle descriptor of it, so the
+        #: unlinked file's space comes back); called under the cache's lock.
+        self.on_evict: Callable[[PackName], None] | None = None
         # name -> size, least recently opened first; an earlier process's entries by mtime
         found = []
         for fname in os.listdir(cache_dir):
@@ -92,6 +106,79 @@ class RemotePacks:
     def cached_bytes(self) -> int:
         with self._lock:
             return sum(self._entries.values())
+
+    def cached(self) -> list[PackName]:
+        """The names of the packs in the cache, least recently opened first."""
+        with self._lock:
+            return [PackName(n) for n in self._entries]
+
+    def size(self, name: PackName) -> int | None:
+        """The pack's size where it can be read from: its cache entry, else the bucket's
+        listing (made at the first ask, again by :meth:`refresh`); None: neither has it.
+
+        Raises:
+            RemoteError: the listing failed.
+        """
+        with self._lock:
+            if name in self._entries:
+                return self._entries[name]
+        return self._listing().get(name)
+
+    def refresh(self) -> None:
+        """Lists the bucket's packs again at the next :meth:`size` (another process may
+        have uploaded some)."""
+        with self._list_lock:
+            self._listed = None
+
+    def _listing(self) -> dict[str, int]:
+        with self._list_lock:
+            if self._listed is None:
+                cut = len("packs/")
+                self._listed = {
+                    k[cut : -len(".pack")]: n
+                    for k, n in self.storage.list("packs/").items()
+                    if k.endswith(".pack")
+                }
+            return self._listed
+
+    def adopt(self, name: PackName, path: str) -> None:
+        """Moves a local pack file that is durable in the bucket (named by a generation
+        whose PUT answered) into the cache, where the bound applies to it: a rename, so a
+        reader holding a descriptor of it reads on.
+
+        Raises:
+            OSError: ``path`` cannot be moved (it stays where it is).
+        """
+        with self._lock:
+            size = os.stat(path).st_size
+            os.rename(path, pack_path(self.dir, name))
+            self._entries[name] = size
+            self._entries.move_to_end(name)
+            self._evict(keep=name)
+        with self._list_lock:
+            if self._listed is not None:
+                self._listed[name] = size
+
+    def discard(self, name: PackName) -> None:
+        """Drops the pack's cache entry, if any (a prune dropped the pack: only the local
+        copy goes, never the bucket's)."""
+        with self._lock:
+            if self._entries.pop(name, None) is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(pack_path(self.dir, name))
+
+    def download(self, name: PackName, dest: str) -> None:
+        """The bucket's bytes of the pack into a new file ``dest``, as they are (not
+        verified, not cached): what ``store check --read-data`` reads.
+
+        Raises:
+            FileNotFoundError: the bucket has no such pack.
+            RemoteError: the download failed.
+        """
+        try:
+            self.storage.get_file(f"packs/{name}.pack", dest)
+        except RemoteNotFound:
+            raise FileNotFoundError(f"pack {name} is not in {self.storage!r}") from None
 
     def open(self, name: PackName) -> int:
         """A read-only descriptor of the pack's cache entry, fetched first on a miss.
@@ -154,6 +241,8 @@ class RemotePacks:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(pack_path(self.dir, victim))
             self.stats.evicted += 1
+            if self.on_evict is not None:
+                self.on_evict(PackName(victim))
 
 
 __all__ = ["DEFAULT_MAX_BYTES", "CacheStats", "RemotePacks"]

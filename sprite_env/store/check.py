@@ -16,6 +16,7 @@ catalog says are in ``damaged``, for the checkpoint layer to name what needs the
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -107,6 +108,8 @@ def _check_packs(
 ) -> None:
     packs = store.catalog.packs()
     known = {p.name for p in packs}
+    if store.remote is not None:
+        store.remote.refresh()  # the bucket as it is now, not as this process first saw it
     for fname in sorted(os.listdir(store.packs_dir)):
         if fname.endswith(".pack") and fname[:-5] not in known:
             report.warnings.append(f"pack {fname[:-5]} is not in the catalog (orphan)")
@@ -171,47 +174,122 @@ def _check_pack(
     read_data: bool,
     report: CheckReport,
 ) -> None:
+    remote = store.remote
     path = pack_path(store.packs_dir, name)
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        report.errors.append(f"pack {name}: missing ({len(rows)} objects lost)")
-        for r in rows:
-            report.damaged[r.id] = f"pack {name} is missing"
+        fd = -1
+    if fd >= 0:
+        try:
+            _check_copy(name, fd, size, pack_class, rows, read_data, store.damaged, report, "")
+        finally:
+            os.close(fd)
+    if remote is None:
+        if fd < 0:
+            _missing(name, rows, report, "")
+        return
+    # A store in object storage: the bucket's copy is the one that lasts. Without
+    # read_data its listed size is checked (and the cached copy, if no local file was);
+    # with it every pack the bucket holds is downloaded afresh and read whole, so damage
+    # in the bucket is found even where the cache holds a sound copy.
+    where = f"{remote.storage!r}: "
+    try:
+        listed = remote.size(name) if read_data or fd < 0 else None
+    except StoreError as e:
+        report.errors.append(f"{where}cannot list pack {name}: {e}")
+        return
+    if fd >= 0 and not read_data:
+        return
+    cached = pack_path(remote.dir, name)
+    if not read_data:
+        try:
+            fd = os.open(cached, os.O_RDONLY)
+        except FileNotFoundError:
+            if listed is None:
+                _missing(name, rows, report, where)
+            elif listed != size:
+                report.errors.append(f"{where}pack {name}: size {listed}, catalog says {size}")
+            return
+        try:
+            _check_copy(name, fd, size, pack_class, rows, False, store.damaged, report, "")
+        finally:
+            os.close(fd)
+        return
+    if listed is None and fd >= 0:
+        return  # captured here and not uploaded yet: the local copy was the one to read
+    tmp = os.path.join(store.tmp_dir, f"check-{name}.pack")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    try:
+        remote.download(name, tmp)
+    except FileNotFoundError:
+        _missing(name, rows, report, where)
+        return
+    except StoreError as e:
+        report.errors.append(f"{where}pack {name}: cannot download it: {e}")
         return
     try:
-        actual = os.fstat(fd).st_size
-        if actual != size:
-            report.errors.append(f"pack {name}: size {actual}, catalog says {size} (truncated?)")
-            for r in rows:
-                if r.offset + ENTRY.size + r.stored_len > actual:
-                    report.damaged[r.id] = f"pack {name} ends before it ({actual} bytes)"
+        fd = os.open(tmp, os.O_RDONLY)
+        os.unlink(tmp)  # read through the descriptor; nothing left behind
         try:
-            if read_header(fd, name) != pack_class:
-                report.errors.append(f"pack {name}: class differs from the catalog")
-            table = {e.id: e for e in read_table(fd, name)}
-        except CorruptPack as e:
-            report.errors.append(str(e))
-            table = {}
-        for r in rows:
-            t = table.get(r.id)
-            if table and t != r:
-                # the pack's table verified by its hash, so the catalog's row is what is wrong
-                report.rebuild_helps = True
-                report.damaged[r.id] = f"not where the catalog says in pack {name}"
-                report.errors.append(
-                    f"pack {name} at offset {r.offset}: object {r.id.hex()[:16]} is not "
-                    "where the catalog says"
-                )
-        if read_data:
-            if _hash_file(fd) != name:
-                report.errors.append(f"pack {name}: contents do not match its name (hash)")
-            report.bytes_read += actual
-            for oid, err in _read_all(name, fd, rows, store.damaged).items():
-                report.damaged.setdefault(oid, str(err))
-                report.errors.append(str(err))
+            _check_copy(name, fd, size, pack_class, rows, True, store.damaged, report, where)
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _missing(name: PackName, rows: list[Entry], report: CheckReport, where: str) -> None:
+    report.errors.append(f"{where}pack {name}: missing ({len(rows)} objects lost)")
+    for r in rows:
+        report.damaged[r.id] = f"pack {name} is missing"
+
+
+def _check_copy(
+    name: PackName,
+    fd: int,
+    size: int,
+    pack_class: int,
+    rows: list[Entry],
+    read_data: bool,
+    damaged: set[ObjectId],
+    report: CheckReport,
+    where: str,
+) -> None:
+    """Checks one copy of a pack (``where`` prefixes what it finds: the bucket's, or ""
+    for the local file) against the catalog's rows."""
+    actual = os.fstat(fd).st_size
+    if actual != size:
+        report.errors.append(f"{where}pack {name}: size {actual}, catalog says {size} (truncated?)")
+        for r in rows:
+            if r.offset + ENTRY.size + r.stored_len > actual:
+                report.damaged[r.id] = f"pack {name} ends before it ({actual} bytes)"
+    try:
+        if read_header(fd, name) != pack_class:
+            report.errors.append(f"{where}pack {name}: class differs from the catalog")
+        table = {e.id: e for e in read_table(fd, name)}
+    except CorruptPack as e:
+        report.errors.append(f"{where}{e}")
+        table = {}
+    for r in rows:
+        t = table.get(r.id)
+        if table and t != r:
+            # the pack's table verified by its hash, so the catalog's row is what is wrong
+            report.rebuild_helps = True
+            report.damaged[r.id] = f"not where the catalog says in pack {name}"
+            report.errors.append(
+                f"{where}pack {name} at offset {r.offset}: object {r.id.hex()[:16]} is "
+                "not where the catalog says"
+            )
+    if read_data:
+        if _hash_file(fd) != name:
+            report.errors.append(f"{where}pack {name}: contents do not match its name (hash)")
+        report.bytes_read += actual
+        for oid, err in _read_all(name, fd, rows, damaged).items():
+            report.damaged.setdefault(oid, f"{where}{err}")
+            report.errors.append(f"{where}{err}")
 
 
 def _read_all(

@@ -284,6 +284,7 @@ def durable_checkpoints(store: Store) -> frozenset[str]:
     """The ids of the checkpoints a generation this store pushed holds (``remote``)."""
     d = durable(store)
     return frozenset() if d is None else d.checkpoints
+        store.packs_durable(names)  # now the bucket holds them: the cache's bound applies
 
 
 def record_durable(store: Store, generation: Generation, checkpoints: Iterable[str]) -> None:

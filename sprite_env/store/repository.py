@@ -7,6 +7,9 @@ Layout of a store directory::
     catalog.db          the SQLite catalog (see ``catalog.py``), with -wal and -shm
     packs/<name>.pack   immutable packs (see ``pack.py``)
     tmp/                packs being written; emptied when the store is opened for writing
+    cache/<name>.pack   a store in object storage only (``backend.py``): the bounded cache
+                        of packs the bucket holds (``cache.py``); ``packs/`` then holds the
+                        packs captured here until a durable generation names them
 
 Reads go through ``reader.py`` (:meth:`Store.read_many`, :meth:`Store.pin`), writes through a
 :class:`~sprite_env.store.writer.StoreWriter` (``writer.py``). A pack published but not
@@ -63,10 +66,16 @@ LOCATE_BATCH = 500
 class RemoteSource(Protocol):
     """A store's packs in object storage, behind a bounded local cache (``cache.py``'s
     ``RemotePacks``; made by ``backend.py``). The store reads a pack it does not hold in
-    ``packs/`` through it, and asks it before calling a pack lost."""
+    ``packs/`` through it, and asks it before calling a pack lost. Never deletes anything
+    in the bucket."""
 
     #: The bucket (``remote.ObjectStorage``): what a push uploads to.
     storage: Any
+    #: The cache's directory (``<store>/cache``): ``<name>.pack`` files.
+    dir: str
+    #: Called (under the cache's lock) with each pack the bound evicts: the store drops
+    #: its idle descriptor, else the unlinked file would keep its disk space.
+    on_evict: Callable[[PackName], None] | None
 
     def open(self, name: PackName) -> int:
         """A descriptor of the pack's cache entry, fetched on a miss.
@@ -75,6 +84,47 @@ class RemoteSource(Protocol):
             FileNotFoundError: the bucket has no such pack.
         """
         ...
+
+    def size(self, name: PackName) -> int | None:
+        """Its size in the cache, else in the bucket's listing; None: in neither."""
+        ...
+
+    def refresh(self) -> None:
+        """Forgets the bucket's listing (the next :meth:`size` lists again)."""
+        ...
+
+    def cached(self) -> list[PackName]:
+        """The packs in the cache."""
+        ...
+
+    def adopt(self, name: PackName, path: str) -> None:
+        """Moves a local pack file durable in the bucket into the bounded cache."""
+        ...
+
+    def discard(self, name: PackName) -> None:
+        """Drops the pack's cache entry (local only)."""
+        ...
+
+    def download(self, name: PackName, dest: str) -> None:
+        """The bucket's bytes of the pack into a new file, unverified and uncached."""
+        ...
+
+
+class _LocalThenRemote:
+    """The :class:`~sprite_env.store.ports.PackOpener` of a store in object storage:
+    ``packs/`` (captured here; not yet durable in the bucket), else the bucket through
+    its cache. A pack moving from one to the other (:meth:`Store.packs_durable`) is a
+    rename made under the cache's lock, so an open finds it in one of the two."""
+
+    def __init__(self, packs_dir: str, remote: RemoteSource) -> None:
+        self.local = LocalPacks(packs_dir)
+        self.remote = remote
+
+    def open(self, name: PackName) -> int:
+        try:
+            return self.local.open(name)
+        except FileNotFoundError:
+            return self.remote.open(name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +158,13 @@ class Store:
         self.tmp_dir = os.path.join(self.path, "tmp")
         self._lock_fd = -1
         #: The packs' read descriptors, shared by every reader of this store.
-        self.pack_files = PackFiles(LocalPacks(self.packs_dir))
+        self.pack_files = PackFiles(
+            LocalPacks(self.packs_dir)
+            if remote is None
+            else _LocalThenRemote(self.packs_dir, remote)
+        )
+        if remote is not None:
+            remote.on_evict = self.pack_files.forget
         #: Objects whose catalog row led a read to bad bytes (hash, decode, header, short):
         #: a writer stores such an object afresh instead of deduplicating against it.
         self.damaged: set[ObjectId] = set()
@@ -222,6 +278,10 @@ class Store:
             self._lock_fd = -1
 
     def _remove_orphans(self) -> None:
+        """Deletes the local files of packs the catalog does not list. Only local files:
+        with a remote, cache entries of such packs go too, and the bucket is never touched
+        (its packs are freed by the remote's own collection, after a durable generation
+        drops them)."""
         for name in os.listdir(self.tmp_dir):
             os.unlink(os.path.join(self.tmp_dir, name))
         known = {p.name for p in self.catalog.packs()}
@@ -232,6 +292,10 @@ class Store:
                 removed = True
         if removed:
             _fsync_dir(self.packs_dir)
+        if self.remote is not None:
+            for name in self.remote.cached():
+                if name not in known:
+                    self.remote.discard(name)
 
     def close(self) -> None:
         self.pack_files.close()
@@ -241,8 +305,29 @@ class Store:
     # -- reading -----------------------------------------------------------------------
 
     def forget_pack(self, name: PackName) -> None:
-        """Drops a cached fd of a pack about to be deleted (it closes when its reader ends)."""
+        """Drops a cached fd of a pack about to be deleted (it closes when its reader ends),
+        and its local cache entry if the store has a remote (the bucket's copy stays)."""
         self.pack_files.forget(name)
+        if self.remote is not None:
+            self.remote.discard(name)
+
+    def packs_durable(self, names: Iterable[str]) -> None:
+        """Says that a generation naming these packs is durable in the bucket: their files
+        in ``packs/`` move into the bounded cache, which may evict them (a no-op for a
+        local store). Called by ``remote.push`` after the generation's PUT answered."""
+        if self.remote is None:
+            return
+        for name in names:
+            path = pack_path(self.packs_dir, name)
+            try:
+                self.remote.adopt(PackName(name), path)
+            except FileNotFoundError:  # in the bucket only, or already moved
+                continue
+
+    @property
+    def storage(self) -> Any:
+        """The bucket (``remote.ObjectStorage``) of a store in object storage, else None."""
+        return None if self.remote is None else self.remote.storage
 
     def read(self, oid: ObjectId) -> bytes:
         """Returns an object's raw bytes, verified against its id (see :meth:`read_many`)."""
@@ -347,21 +432,54 @@ class Store:
 
     def lost_packs(self) -> list[LostPack]:
         """Packs the catalog lists whose file is gone or shorter than the catalog says (one
-        ``stat`` per pack: cheap next to a capture).
+        ``stat`` per pack: cheap next to a capture). With a remote, a pack the bucket (or
+        the cache) holds whole is not lost, wherever its local file is.
 
         Nothing in the store's own protocol leaves such a pack: a pack file is durable
-        before its row commits, and a prune deletes the row before the file. So this is
-        data loss, and the objects past the file's end can never be read again.
+        before its row commits, a pack leaves ``packs/`` only once the bucket has it, and
+        a prune deletes the row before the file. So this is data loss, and the objects
+        past the file's end can never be read again.
+
+        A bucket that cannot be listed counts as holding every pack it is asked about
+        (logged): only proof of a loss makes one.
         """
+        packs = self.catalog.packs()
+        out = self._short(packs)
+        if out and self.remote is not None:  # the listing may be old: ask the bucket again
+            self.remote.refresh()
+            out = self._short([lp.pack for lp in out])
+        return out
+
+    def _short(self, packs: Iterable[PackRow]) -> list[LostPack]:
         out = []
-        for p in self.catalog.packs():
-            try:
-                size: int | None = os.stat(pack_path(self.packs_dir, p.name)).st_size
-            except FileNotFoundError:
-                size = None
+        for p in packs:
+            size = self._pack_size(p)
             if size is None or size < p.size:
                 out.append(LostPack(p, size))
         return out
+
+    def _pack_size(self, p: PackRow) -> int | None:
+        """The size of the pack's best copy: its file in ``packs/``, else (with a remote)
+        its cache entry or the bucket's object; None if there is none (the catalog's
+        size if the bucket cannot be asked).
+        """
+        try:
+            size: int | None = os.stat(pack_path(self.packs_dir, p.name)).st_size
+        except FileNotFoundError:
+            size = None
+        if self.remote is not None and (size is None or size < p.size):
+            try:
+                there = self.remote.size(p.name)
+            except StoreError as e:
+                # A bucket that does not answer now proves no loss: a capture must not
+                # forget objects (or fail) because the network is down.
+                log.warning(
+                    "store %s: cannot ask the bucket about pack %s: %s", self.path, p.name, e
+                )
+                return p.size
+            if there is not None and (size is None or there > size):
+                size = there
+        return size
 
     def forget_lost(self, packs: Iterable[LostPack], hook: LostHook | None = None) -> set[ObjectId]:
         """Removes lost data from the catalog, in one transaction: a missing pack's row and
@@ -386,10 +504,7 @@ class Store:
         with self.catalog.transaction() as db:
             for lp in packs:
                 p = lp.pack
-                try:
-                    size: int | None = os.stat(pack_path(self.packs_dir, p.name)).st_size
-                except FileNotFoundError:
-                    size = None
+                size = self._pack_size(p)
                 if size is None:
                     ids = delete_packs(db, [p.id])
                     said.append(f"pack {p.name} is missing: its {len(ids)} objects are lost")

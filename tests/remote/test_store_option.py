@@ -53,11 +53,13 @@ def test_bad_options_are_refused_before_anything_starts(
     state = tmp_path / "state"
     r = run_cli("daemon", "--root", str(tmp_path), "--state", str(state), *args)
     assert r.returncode == 2, r.stderr
-    assert said in r.stderr and "Traceback" not in r.stderr
+    assert said in r.stderr
+    assert "Traceback" not in r.stderr
     assert not state.exists()
     r = run_cli("--root", str(tmp_path), *args, "checkpoints", "list")
     assert r.returncode == 2, r.stderr
-    assert said in r.stderr and "Traceback" not in r.stderr
+    assert said in r.stderr
+    assert "Traceback" not in r.stderr
     assert not (tmp_path / ".sprite").exists()
 
 
@@ -74,7 +76,8 @@ def test_wrong_credentials_stop_the_daemon_at_start(
 ) -> None:
     log = _refused_at_start(daemon_factory, _url(storage), {"AWS_SECRET_ACCESS_KEY": "wrong"})
     assert f"cannot use the store {_url(storage)}" in log
-    assert "HTTP 403" in log and "credentials" in log
+    assert "HTTP 403" in log
+    assert "credentials" in log
 
 
 def test_a_missing_bucket_stops_the_daemon_at_start(
@@ -82,7 +85,8 @@ def test_a_missing_bucket_stops_the_daemon_at_start(
 ) -> None:
     url = f"s3://{storage.url.bucket}-missing/store/"
     log = _refused_at_start(daemon_factory, url, {})
-    assert f"cannot use the store {url}" in log and "NoSuchBucket" in log
+    assert f"cannot use the store {url}" in log
+    assert "NoSuchBucket" in log
 
 
 def test_an_endpoint_that_does_not_answer_stops_the_daemon_at_start(
