@@ -259,6 +259,7 @@ def push(
         crashpoint("remote-before-catalog-put")
         storage.put_file(gen.name, tmp)
         crashpoint("remote-after-catalog-put")
+        store.packs_durable(names)  # now the bucket holds them: the cache's bound applies
         log.info("store %s: generation %d pushed to %r", store.path, gen.number, storage)
         return PushReport(gen, uploaded, sent + os.stat(tmp).st_size, present)
     finally:
@@ -284,7 +285,6 @@ def durable_checkpoints(store: Store) -> frozenset[str]:
     """The ids of the checkpoints a generation this store pushed holds (``remote``)."""
     d = durable(store)
     return frozenset() if d is None else d.checkpoints
-        store.packs_durable(names)  # now the bucket holds them: the cache's bound applies
 
 
 def record_durable(store: Store, generation: Generation, checkpoints: Iterable[str]) -> None:
