@@ -12,7 +12,8 @@ Exit codes (this is the one place they are defined; README and llm.txt copy this
       ``active_checkpoint``, ``quota_exceeded``, ...); a store or state directory this
       user may not open (private to its owner, root)
 3     store error: damaged, not a store, wrong format; ``store check`` found problems
-      (a store others may read among them); the API's ``store_error``
+      (a store others may read among them); the API's ``store_error``, and
+      ``upload_failed`` (a ``create --wait-remote`` whose upload failed)
 4     busy: the store is locked by another process; the daemon's job queue is full
       (``busy``)
 5     no daemon answers on the API socket (none running, or still starting after

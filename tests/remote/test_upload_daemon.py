@@ -94,7 +94,7 @@ def test_create_wait_remote_streams_the_upload_and_every_face_says_remote(
 
 
 def test_a_create_returns_before_its_upload_which_follows_in_commit_order(
-    daemon_factory: Any, storage: S3Storage
+    daemon_factory: Any, storage: S3Storage, tmp_path: Any
 ) -> None:
     """Without --wait-remote a create answers at once (``local``); the background push
     makes each remote, coalescing creates that arrive meanwhile, and a delete is pushed
@@ -110,12 +110,18 @@ def test_a_create_returns_before_its_upload_which_follows_in_commit_order(
     status, _ = d.json("DELETE", "/v1/checkpoints/v1")
     assert status == 200
     deadline = time.monotonic() + 30
-    while len(generations(storage)) == pushed and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        remote = d.json("GET", "/v1/status")[1]["remote"]
+        if remote["generation"] == pushed and remote["state"] == "idle":
+            break  # the generation after the delete's (numbers start at 0)
         time.sleep(0.1)
-    time.sleep(0.5)  # its record follows the generation's PUT
+    assert remote["generation"] == pushed, remote
+    assert remote["local"] == 0
     assert _storages(d) == {"v0": "remote", "v2": "remote"}
-    status, st = d.json("GET", "/v1/status")
-    assert st["remote"]["local"] == 0
+    pulled = str(tmp_path / "pulled")
+    pull(storage, pulled)  # the newest generation no longer holds v1
+    r = run_cli("--root", d.root, "--store", pulled, "checkpoints", "list", "--json")
+    assert sorted(c["id"] for c in json.loads(r.stdout)) == ["v0", "v2"], r.stderr
 
 
 def test_a_daemon_killed_mid_upload_resumes_it_and_a_pull_elsewhere_gets_everything(
