@@ -538,7 +538,8 @@ class Engine:
         if base_image is None:
             return list(count_changes(read_tree, old, new))
         merged = MergedTrees(read_tree, base_image)
-        items = list(count_changes(merged.read, merged.top(old), merged.top(new)))
+        tops = merged.top(old), merged.top(new)
+        items = list(count_changes(merged.read, *tops, pair=merged.read_pair))
         return [c for it in items if (c := self._copy_up(merged, it)) is not None]
 
     def _copy_up(self, merged: MergedTrees, it: Counted) -> Counted | None:

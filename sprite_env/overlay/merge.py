@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+from collections import OrderedDict
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -59,6 +60,12 @@ _Tree = tuple[str, "ObjectId | None", bytes]  # ("tree", UPPER tree or None, LOW
 _Span = tuple[str, bytes, int, int]  # ("span", LOWER path, offset, length)
 _List = tuple[str, bytes]  # ("list", LOWER path): the chunk list of a big LOWER file
 
+#: LOWER directories whose entries are kept (least recently merged dropped first). A diff
+#: merges each changed directory twice, once a side, one right after the other; without
+#: the cache both sides lstat and read the xattrs of every LOWER entry again: 1.9 of a
+#: 3.1 s diff of the medium layer as LOWER with 1% of its files copied up (1,130 dirs).
+LISTINGS = 256
+
 
 def _synthetic(*parts: object) -> ObjectId:
     return ObjectId(blake3.blake3(repr(("merged", *parts)).encode()).digest())
@@ -85,6 +92,7 @@ class MergedTrees:
         self._lock = threading.Lock()
         self._meaning: dict[ObjectId, _Tree | _Span | _List] = {}
         self._tops: dict[ObjectId, bytes] = {}  # a checkpoint's merged top tree, encoded
+        self._listings: OrderedDict[bytes, list[TreeEntry]] = OrderedDict()
 
     def _remember(self, oid: ObjectId, meaning: _Tree | _Span | _List) -> ObjectId:
         with self._lock:
@@ -131,6 +139,30 @@ class MergedTrees:
         _, rel, off, length = meaning  # type: ignore[misc]
         return self._read_span(rel, off, length)
 
+    def read_pair(
+        self, a: ObjectId, b: ObjectId
+    ) -> tuple[dict[bytes, TreeEntry], dict[bytes, TreeEntry]] | None:
+        """Two merged directories over the same LOWER directory, for a diff
+        (:data:`~sprite_env.snapshot.diff.ReadPair`): LOWER's entries that neither UPPER
+        side names (hides, replaces or whites out) are equal on both sides, so they are
+        left out and never looked at. A diff of an agent's step then costs what the step
+        touched, not every LOWER entry of each directory it touched (61k lstat and xattr
+        reads for 1% of the medium layer's files copied up, in 1,130 directories).
+        None (read each whole) for anything else."""
+        with self._lock:
+            ma, mb = self._meaning.get(a), self._meaning.get(b)
+        if ma is None or mb is None or ma[0] != "tree" or mb[0] != "tree":
+            return None
+        (_, upper_a, lower_a), (_, upper_b, lower_b) = ma, mb  # type: ignore[misc]
+        if not lower_a or lower_a != lower_b:
+            return None
+        uppers: list[list[TreeEntry]] = [
+            decode_tree(self.inner_read(u)) if u is not None else [] for u in (upper_a, upper_b)
+        ]
+        named = {e.name for entries in uppers for e in entries}
+        sides = [self._merge_entries(up, lower_a, named) for up in uppers]
+        return {e.name: e for e in sides[0]}, {e.name: e for e in sides[1]}
+
     # -- content -------------------------------------------------------------------------
 
     def from_lower(self, e: TreeEntry) -> bool:
@@ -167,6 +199,13 @@ class MergedTrees:
         directory ``lower_rel`` (b"/" its root, b"/a/b" below; b"": none, as below an
         opaque or an UPPER-only directory)."""
         upper_entries = decode_tree(self.inner_read(upper)) if upper is not None else []
+        return self._merge_entries(upper_entries, lower_rel, None)
+
+    def _merge_entries(
+        self, upper_entries: list[TreeEntry], lower_rel: bytes, only: set[bytes] | None
+    ) -> list[TreeEntry]:
+        """:meth:`_merge` of decoded UPPER entries; ``only``: LOWER's entries of these
+        names only (each looked up alone), None: all of LOWER's directory."""
         out: dict[bytes, TreeEntry] = {}
         hidden: set[bytes] = set()
         for e in upper_entries:
@@ -184,13 +223,35 @@ class MergedTrees:
             else:
                 e = replace(e, xattrs=_shown_xattrs(e.xattrs), link=b"")
             out[e.name] = e
-        if lower_rel:
-            for name in self._lower_names(lower_rel):
-                if name not in hidden:
-                    entry = self._lower_entry(lower_rel, name)
-                    if entry is not None:
-                        out[name] = entry
+        if not lower_rel:
+            pass
+        elif only is None:
+            for entry in self._lower_listing(lower_rel):
+                if entry.name not in hidden:
+                    out[entry.name] = entry
+        else:
+            for name in sorted(only - hidden):
+                found = self._lower_entry(lower_rel, name)
+                if found is not None:
+                    out[name] = found
         return list(out.values())
+
+    def _lower_listing(self, rel: bytes) -> list[TreeEntry]:
+        """LOWER's directory ``rel`` as entries, by name (see :data:`LISTINGS`). LOWER never
+        changes while it is the base image, so a kept listing is never stale."""
+        with self._lock:
+            kept = self._listings.get(rel)
+            if kept is not None:
+                self._listings.move_to_end(rel)
+                return kept
+        entries = [
+            e for name in self._lower_names(rel) if (e := self._lower_entry(rel, name)) is not None
+        ]
+        with self._lock:
+            self._listings[rel] = entries
+            while len(self._listings) > LISTINGS:
+                self._listings.popitem(last=False)
+        return entries
 
     @staticmethod
     def _child(parent_rel: bytes, name: bytes) -> bytes:

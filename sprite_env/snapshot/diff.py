@@ -27,6 +27,14 @@ ReadTree = Callable[[ObjectId], bytes]
 #: decoding was the biggest part of each (1.2 s of the 4 s an undo on the medium layer was
 #: down). The dicts are shared: callers must not change them.
 TreeMemo = dict[ObjectId, dict[bytes, TreeEntry]]
+#: Both sides of a directory that differs, read together (old id, new id), or None to read
+#: each whole. A reader may leave out names whose entries are equal on both sides: the diff
+#: is the same. It must not change what the ids stand for (an added or removed directory is
+#: still read whole, by ``read_tree``, to be counted). MergedTrees.read_pair is one: it
+#: leaves out LOWER's entries that neither side's UPPER touches.
+ReadPair = Callable[
+    [ObjectId, ObjectId], tuple[dict[bytes, TreeEntry], dict[bytes, TreeEntry]] | None
+]
 
 
 class Change(Enum):
@@ -161,11 +169,15 @@ def count(read_tree: ReadTree, d: Difference) -> Counted:
 
 
 def count_changes(
-    read_tree: ReadTree, old_top: ObjectId | None, new_top: ObjectId
+    read_tree: ReadTree,
+    old_top: ObjectId | None,
+    new_top: ObjectId,
+    *,
+    pair: ReadPair | None = None,
 ) -> Iterator[Counted]:
     """:func:`diff_trees`, each difference counted (:func:`count`), without the root's
     own mtime (see :func:`root_news`)."""
-    for d in diff_trees(read_tree, old_top, new_top):
+    for d in diff_trees(read_tree, old_top, new_top, pair=pair):
         if d.path == b"." and d.old and d.new and not root_news(d.old, d.new):
             continue
         yield count(read_tree, d)
@@ -185,11 +197,14 @@ def diff_trees(
     old_top: ObjectId | None,
     new_top: ObjectId,
     memo: TreeMemo | None = None,
+    *,
+    pair: ReadPair | None = None,
 ) -> Iterator[Difference]:
     """Yields every difference from ``old_top`` to ``new_top``, depth first, names sorted.
 
     An added or removed directory is reported once, not entry by entry. Equal subtrees are
-    never read. ``memo``: the trees decoded are kept there (see :data:`TreeMemo`).
+    never read. ``memo``: the trees decoded are kept there (see :data:`TreeMemo`);
+    ``pair``: reads the two sides of a changed directory together (see :data:`ReadPair`).
     """
     if old_top == new_top:
         return
@@ -198,7 +213,7 @@ def diff_trees(
     c = classify(old, new)
     if c is Change.META:
         yield Difference(b".", c, old, new)
-    yield from _diff_dir(read_tree, b"", old.subtree if old else None, new.subtree, memo)
+    yield from _diff_dir(read_tree, b"", old.subtree if old else None, new.subtree, memo, pair)
 
 
 def _diff_dir(
@@ -207,11 +222,16 @@ def _diff_dir(
     old: ObjectId | None,
     new: ObjectId | None,
     memo: TreeMemo | None = None,
+    pair: ReadPair | None = None,
 ) -> Iterator[Difference]:
     if old == new:
         return
-    a = read_entries(read_tree, old, memo)
-    b = read_entries(read_tree, new, memo)
+    both = pair(old, new) if pair is not None and old is not None and new is not None else None
+    if both is not None:
+        a, b = both
+    else:
+        a = read_entries(read_tree, old, memo)
+        b = read_entries(read_tree, new, memo)
     for name in sorted(a.keys() | b.keys()):
         ea, eb = a.get(name), b.get(name)
         path = name if not rel else rel + b"/" + name
@@ -222,4 +242,4 @@ def _diff_dir(
             ea is not None and eb is not None and ea.kind is Kind.DIR and eb.kind is Kind.DIR
         )
         if both_dirs and ea.payload != eb.payload:  # type: ignore[union-attr]
-            yield from _diff_dir(read_tree, path, ea.subtree, eb.subtree, memo)  # type: ignore[union-attr]
+            yield from _diff_dir(read_tree, path, ea.subtree, eb.subtree, memo, pair)  # type: ignore[union-attr]
