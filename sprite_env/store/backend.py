@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from sprite_env.errors import NotAStore, UserError
 from sprite_env.store.cache import DEFAULT_MAX_BYTES, RemotePacks
+from sprite_env.store.remote import WRITER_KEY, generations, pull
 from sprite_env.store.repository import MARKER, open_store
 from sprite_env.store.s3 import RemoteError, S3Storage, StoreUrl
 
@@ -150,16 +151,27 @@ def open_backed_store(
         return open_store(path, create=create, writable=writable, repair=repair)
     if storage is None:
         storage = connect(remote)
-    if not os.path.lexists(os.path.join(path, MARKER)):
-        if create:
-            open_store(path, create=True).close()
-        else:
+    if _never_used(path) and generations(storage):
+        pull(storage, path, lazy=True)
+    elif not os.path.lexists(os.path.join(path, MARKER)):
+        if not create:
             raise NotAStore(
                 f"no sprite-env store at {path}, and {remote} holds none either (nothing "
                 "was created)"
             )
+        open_store(path, create=True).close()
     packs = RemotePacks(storage, os.path.join(path, CACHE_DIR), remote.cache_bytes)
     return open_store(path, create=create, writable=writable, repair=repair, remote=packs)
+
+
+def _never_used(path: str) -> bool:
+    """Whether the local store at ``path`` is missing, or holds nothing and never pushed (a
+    ``store init``, or a lazy pull interrupted before its catalog's rename): then the
+    bucket's newest generation is the store, not an empty catalog that would shadow it."""
+    if not os.path.lexists(os.path.join(path, MARKER)):
+        return True
+    with open_store(path, writable=False) as s:
+        return not s.catalog.packs() and s.catalog.meta(WRITER_KEY) is None
 
 
 __all__ = [

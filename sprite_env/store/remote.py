@@ -339,6 +339,7 @@ def pull(
     *,
     writer: str | None = None,
     generation: Generation | None = None,
+    lazy: bool = False,
 ) -> PullReport:
     """Makes a new local store at ``store_dir`` from the bucket's newest complete
     generation: a fork, whose own pushes go on from there under its own writer id.
@@ -358,6 +359,9 @@ def pull(
         store_dir: a missing or empty directory.
         writer: only that writer's generations are candidates.
         generation: only that generation is a candidate.
+        lazy: take the catalog alone: the packs stay in the bucket, to be fetched as they
+            are read (a store opened with a remote, ``backend.py``), so a fork shares its
+            parent's objects instead of copying them.
 
     Raises:
         RemoteStoreError: the bucket has no complete generation (of those asked for).
@@ -403,7 +407,7 @@ def pull(
             )
         gen, tmp, names = chosen
         got = 0
-        for name in names:
+        for name in [] if lazy else names:
             crashpoint("remote-pull-before-pack")
             fetch_verified(storage, f"packs/{name}.pack", pack_path(store.packs_dir, name), name)
             got += remote[f"packs/{name}.pack"]
