@@ -220,3 +220,9 @@ def test_without_a_remote_every_checkpoint_is_local_and_wait_remote_is_refused(
     assert _storages(d) == {"v0": "local"}  # nothing created
     r = run_cli("checkpoints", "list", env=d.env())
     assert "STORAGE" not in r.stdout  # no column of "local" on every line
+    # The OpenAPI document (from shapes.py) names the field, the body's flag, the status.
+    schemas = d.json("GET", "/v1/openapi.json")[1]["components"]["schemas"]
+    assert schemas["Checkpoint"]["properties"]["storage"] == {"enum": ["local", "remote"]}
+    assert schemas["CreateRequest"]["properties"]["wait_remote"] == {"type": "boolean"}
+    assert "last_error" in schemas["RemoteStatus"]["properties"]
+    assert "remote" in schemas["Status"]["required"]
