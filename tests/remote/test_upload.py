@@ -5,6 +5,7 @@ while the status says why) is ``test_upload_daemon.py``."""
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,8 @@ from tests.helpers import trees
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    import pytest
 
     from sprite_env.store.s3 import S3Storage
 
@@ -144,3 +147,58 @@ def test_a_restart_pushes_what_is_not_remote_and_nothing_when_all_is(
     assert third.generation == 1
     with open_store(store_dir, writable=False) as s:
         assert durable_checkpoints(s) == frozenset({"v1"})
+
+
+class Pruning(Slow):
+    """The bucket, a checkpoint deleted (and its packs pruned) at the first PUT of a push:
+    a pack the push's copy names is then gone from disk."""
+
+    def __init__(self, storage: S3Storage, prune: Callable[[], None]) -> None:
+        super().__init__(storage)
+        self.gate.set()
+        self.prune: Callable[[], None] | None = prune
+
+    def put_file(self, name: str, path: str) -> None:
+        if self.prune is not None:
+            prune, self.prune = self.prune, None
+            prune()
+        super().put_file(name, path)
+
+
+def test_a_push_that_raced_a_prune_is_taken_again_at_once(
+    storage: S3Storage, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A delete during a push unlinks a pack the push's copy named: that push fails
+    (FileNotFoundError, nothing committed) and the next, with a new copy, follows at once,
+    with no backoff and no error shown."""
+    root, store_dir = str(tmp_path / "layer"), str(tmp_path / "store")
+    _write(root, "a", os.urandom(200_000))
+    with Engine(root, store_dir) as e:
+        e.create("v0")
+        os.unlink(os.path.join(root, "a"))
+        _write(root, "b", os.urandom(200_000))
+        e.create("v1")
+        pruning = Pruning(storage, lambda: e.delete("v0"))
+
+        async def main() -> Uploader:
+            pruning.token = trio.lowlevel.current_trio_token()
+            up = Uploader(e, pruning)
+            async with trio.open_nursery() as n:
+                await n.start(up.run)
+                await _until(lambda: up.state == "idle")
+                n.cancel_scope.cancel()
+            return up
+
+        with caplog.at_level(logging.INFO, logger="sprite_env.daemon.uploader"):
+            up = trio.run(main)
+        assert [c.id for c in e.checkpoints(include_auto=True)] == ["v1"]
+    assert "raced a prune" in caplog.text  # the race happened, and cost no failure
+    assert up.failed_total == 0
+    assert up.last_error is None
+    assert up.storage_of("v1") == "remote"
+    assert [g.number for g in generations(storage)] == [0]  # the failed push committed none
+    pulled = str(tmp_path / "pulled")
+    pull(storage, pulled)
+    with Engine(root, pulled, create=False) as e:
+        assert [c.id for c in e.checkpoints(include_auto=True)] == ["v1"]
+        assert check(e.store, read_data=True).ok
