@@ -2,14 +2,15 @@
 
 Builds (once) a generated layer of about 100k files in 17.6k directories on an ext4 file
 system of its own (a loop device, so the journal's file-system-wide mark sees only this
-layer's writes and the store, on /tmp, is elsewhere), then per mode:
+layer's writes and the store, beside the image, is elsewhere), then per mode:
 
 - a first checkpoint (full walk, cold files cache),
 - ``REPS`` times: a small agent-like change (edit 20 files in 5 directories, create 10,
   delete 5, rename one directory of 6 files), then a checkpoint;
 - ``REPS`` checkpoints with no change.
 
-Run as root: ``python benchmarks/bench_journal.py [--reps 5] [--dir /tmp/jbench]``. Prints
+Run as root: ``python benchmarks/bench_journal.py [--reps 5] [--dir DIR]`` (default
+``benchmarks/.data/scratch-journal``). Prints
 one line per measurement and the medians; the layer and its loop image are kept for the
 next run (``--fresh`` rebuilds them).
 """
@@ -118,7 +119,12 @@ def run(layer: str, journal: bool, reps: int) -> dict[str, list[float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", default="/tmp/jbench")
+    ap.add_argument(
+        "--dir",
+        default=os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), ".data", "scratch-journal"
+        ),
+    )
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--fresh", action="store_true")
     args = ap.parse_args()

@@ -6,8 +6,8 @@ Usage::
                                     [--parts root,overlay-empty,overlay-base]
                                     [--work DIR] [--keep] [--no-freeze] [--out FILE]
 
-The layer is ``/tmp/bench-data/<profile>`` (``$BENCH_DATA``), built by
-``../shared/bench/make_dataset.sh``, never modified (only ``cp -a`` copies are, and the
+The layer is ``benchmarks/.data/bench-data/<profile>`` (``$BENCH_DATA``), built by
+``../shared/bench/make_dataset.sh DIR PROFILE``, never modified (only ``cp -a`` copies are, and the
 real-LOWER overlay reads it in place: overlayfs never writes to LOWER); the typical change
 is one run of ``../shared/bench/mutate.sh`` (edits 1% of the files, adds ~4.4 MB, installs
 ``rich`` in the venv, appends 2% rows to the 200 MiB SQLite database, deletes a directory,
@@ -116,7 +116,17 @@ from _tree import compare, manifest, verdict  # noqa: E402
 
 BENCH = os.path.realpath(os.path.join(REPO, "..", "shared", "bench"))
 MUTATE = os.path.join(BENCH, "mutate.sh")
-DATA = os.environ.get("BENCH_DATA", "/tmp/bench-data")
+#: The data sets of ../shared/bench (git-ignored here; a symlink to a shared build will do).
+DATA = os.environ.get("BENCH_DATA", os.path.join(HERE, ".data", "bench-data"))
+
+
+def data_label(data: str) -> str:
+    """The data set as results record it: relative to the repository, or
+    ``$BENCH_DATA/<profile>`` when it is elsewhere (never one machine's absolute path)."""
+    rel = os.path.relpath(data, REPO)
+    return os.path.join("$BENCH_DATA", os.path.basename(data)) if rel.startswith("..") else rel
+
+
 ON, OFF = "sprite-env", "sprite-env --no-journal"
 PARTS = ("root", "overlay-empty", "overlay-base")
 #: A peer's warm restore that took longer than this (restic's wipe + full restore of the
@@ -633,7 +643,10 @@ def main() -> int:
         parser.error("needs root: it mounts overlayfs, freezes processes, drops caches")
     data = os.path.join(DATA, args.profile)
     if not os.path.exists(data + ".done"):
-        parser.error(f"{data} is not built (no {data}.done): run {BENCH}/make_dataset.sh")
+        parser.error(
+            f"{data} is not built (no {data}.done): run {BENCH}/make_dataset.sh {data} "
+            f"{args.profile}, or set BENCH_DATA to where it is"
+        )
     missing = [t for t in ("restic", "rsync", "sqlite3", "git") if not shutil.which(t)]
     if missing:
         parser.error(f"not installed: {', '.join(missing)}")
@@ -713,7 +726,7 @@ def main() -> int:
     print(text)
     facts = {
         "profile": args.profile,
-        "data": data,
+        "data": data_label(data),
         "rounds": args.rounds,
         "cold_rounds": args.cold_rounds,
         "parts": sorted(parts),

@@ -46,7 +46,10 @@ from sprite_env.store import open_store
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-BENCH_DATA = os.environ.get("BENCH_DATA", "/tmp/bench-data")
+#: The data sets of ../shared/bench, as bench_step.py finds them.
+BENCH_DATA = os.environ.get(
+    "BENCH_DATA", os.path.join(os.path.dirname(os.path.abspath(__file__)), ".data", "bench-data")
+)
 
 
 def _layer(profile: str, scratch: str) -> str:
@@ -216,7 +219,10 @@ def bench(profile: str, scratch: str, reps: int, cold: bool = False) -> dict[str
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--scratch", default="/tmp/bench-walk")
+    ap.add_argument(
+        "--scratch",
+        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".data", "scratch-walk"),
+    )
     ap.add_argument("--profiles", default="small,medium")
     ap.add_argument("--cold", action="store_true", help="also cold (root: a loop device)")
     ap.add_argument("--out", help="also write the results as JSON here")
