@@ -58,6 +58,11 @@ class AsyncLru(Generic[K, V]):
     def bytes(self) -> int:
         return self._bytes
 
+    @property
+    def loading(self) -> int:
+        """Keys being loaded now."""
+        return len(self._flights)
+
     def __len__(self) -> int:
         return len(self._items)
 

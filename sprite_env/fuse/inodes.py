@@ -180,7 +180,8 @@ def entry_attributes(node: Node, timeout: float) -> pyfuse3.EntryAttributes:
 
 def root_attributes(mtime_ns: int, uid: int, gid: int, timeout: float) -> pyfuse3.EntryAttributes:
     """The mount's root: read-only, owned by the mounting user, dated by the newest
-    checkpoint shown."""
+    checkpoint shown (a nanosecond later for each change of its listing that showed no
+    newer one, such as a delete: a directory's mtime changes with its names)."""
     a = pyfuse3.EntryAttributes()
     a.st_ino = ROOT_INODE
     a.entry_timeout = timeout

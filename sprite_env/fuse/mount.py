@@ -87,15 +87,16 @@ def unmount(mountpoint: str, *, lazy: bool = False) -> None:
 def is_stale(mountpoint: str) -> bool:
     """True if ``mountpoint`` is a FUSE mount whose process is gone (``ENOTCONN``).
 
-    A ``stat`` is not enough: the kernel may answer it from attributes it cached. A
-    directory listing always reaches the server.
+    A ``stat`` is not enough: the kernel may answer it from attributes it cached, and a
+    listing from the listing it cached (the view's mounts without open). ``statfs`` always
+    reaches the server.
     """
     mountpoint = os.path.abspath(mountpoint)
     try:
         os.stat(mountpoint)
         if not any(m.mountpoint == mountpoint and m.fstype.startswith("fuse") for m in mounts()):
             return False
-        os.listdir(mountpoint)
+        os.statvfs(mountpoint)
     except OSError as e:
         return e.errno == errno.ENOTCONN
     return False
@@ -177,6 +178,7 @@ async def serve(
                     pyfuse3.close(unmount=False)
                 raise MountError(f"cannot mount {mountpoint}: {e}") from None
             log.info("mounted at %s", mountpoint)
+            ops.mounted = True
             try:
                 nursery.start_soon(
                     functools.partial(trio.to_thread.run_sync, tune_readahead, mountpoint)
@@ -184,6 +186,7 @@ async def serve(
                 task_status.started(ops)
                 await pyfuse3.main(min_tasks=4, max_tasks=64)
             finally:
+                ops.mounted = False
                 pyfuse3.close(unmount=True)
                 nursery.cancel_scope.cancel()
                 log.info("unmounted %s", mountpoint)

@@ -12,6 +12,18 @@ name for ``list_ttl`` and is told to forget a deleted one's at the next listing.
 checkpoint nothing ever changes, so entries and attributes are cached by the kernel for
 ``timeout`` (a day) and file pages are kept across opens (``keep_cache``).
 
+No open (``ViewConfig.no_open``, with pyfuse3 built with ``.ci/pyfuse3-no-open.patch``):
+``open`` and ``opendir`` answer ``ENOSYS``, after which the kernel sends no open, opendir,
+release or releasedir at all, keeps file pages across opens and caches every directory's
+listing (its defaults for a file system without open, ``fs/fuse/file.c``); symlink targets
+are cached too (``FUSE_CAP_CACHE_SYMLINKS``). A second ``diff -r`` of a checkpoint then
+sends the view no request (measured on the benchmark layer: ~128k requests before), and a
+cold one about one per file and one or two per directory. ``read`` and ``readdir`` then get
+the inode (the patch's ``pass_inode_without_fh``); the root's mtime changes with its
+listing and ``refresh`` drops the kernel's attributes of the root, so that the kernel,
+which checks the mtime before it uses a cached listing, lists the root again.
+Without the patch the view opens files as below.
+
 Error handling: handlers raise only ``pyfuse3.FUSEError``. A store error becomes ``EIO``
 and one log line (checkpoint, path, error); an object that is missing because its
 checkpoint was deleted becomes ``ESTALE``, logged at debug level only, as it is no
@@ -23,6 +35,12 @@ Deleted checkpoints: a file opened before its checkpoint was deleted stays reada
 it is closed: at ``open`` its objects are pinned (see ``source.py``), or, for a small file
 whose bytes are already in memory, the handle keeps them. Directories and files not yet
 opened in a deleted checkpoint answer ``ESTALE`` once what they need is no longer cached.
+Without open, the view cannot know which files are open: a file is pinned at its first read
+(unless that read is answered with the whole file, up to ``AHEAD_BATCH``) until the kernel
+forgets its inode, which it does not while the file is open (when its checkpoint leaves
+the view the kernel is told to drop its names, and forgets the rest). The kernel keeps
+every page it was sent; only a small file whose pages it dropped (memory pressure) while
+open answers ``ESTALE`` after its checkpoint was deleted and pruned.
 
 Read-ahead, beyond a sequential reader's (``content.py``): opening a small file loads the
 small files after it in its directory, and listing a directory loads its subdirectories'
@@ -38,7 +56,7 @@ import functools
 import logging
 import math
 import os
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -93,6 +111,9 @@ class ViewConfig:
         tree_cache_bytes: the LRU of parsed directories and file layouts.
         threads: worker threads reading and decompressing objects (see ``workers.py``).
         readahead_bytes: how far ahead of a sequential reader objects are loaded.
+        no_open: answer ``open``/``opendir`` with ``ENOSYS`` (see the module docstring)
+            when pyfuse3 passes the inode to handle-less reads (the patched build); with
+            a stock pyfuse3 it has no effect.
     """
 
     count: int = 5
@@ -103,13 +124,22 @@ class ViewConfig:
     tree_cache_bytes: int = 32 << 20
     threads: int = field(default_factory=lambda: max(4, 2 * (os.cpu_count() or 2)))
     readahead_bytes: int = 8 << 20
+    no_open: bool = True
+
+
+#: pyfuse3 built with ``.ci/pyfuse3-no-open.patch`` (read and readdir get the inode when
+#: the kernel sends no handle).
+NO_OPEN_SUPPORTED: bool = hasattr(pyfuse3.Operations, "pass_inode_without_fh")
 
 
 def _handler(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
     """The boundary: whatever ``fn`` raises leaves as a ``FUSEError`` (see module doc)."""
 
+    name = fn.__name__
+
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        args[0].requests[name] += 1  # type: ignore[attr-defined]
         try:
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
@@ -139,6 +169,8 @@ class ViewOperations(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
     enable_acl = False
+    enable_cache_symlinks = True  # (patched pyfuse3) readlink once per inode
+    pass_inode_without_fh = True  # (patched pyfuse3) see ViewConfig.no_open
 
     def __init__(self, source: CheckpointSource, config: ViewConfig | None = None) -> None:
         super().__init__()
@@ -159,13 +191,22 @@ class ViewOperations(pyfuse3.Operations):
         self._listed_at = -math.inf
         self._list_lock = trio.Lock()
         self._serial: dict[str, int] = {}  # readdir order of the root: first seen first
-        self._forget_send, self._forget_recv = trio.open_memory_channel[bytes](math.inf)
+        #: (directory inode, name) for the kernel to forget
+        self._forget_send, self._forget_recv = trio.open_memory_channel[tuple[int, bytes]](math.inf)
         self._dirs: dict[int, list[tuple[bytes, Callable[[], Node]]]] = {}
         self._files: dict[int, tuple[Node, OpenFile]] = {}
         self._pins: dict[int, _SharedPin] = {}  # by inode: one pin for all its open files
+        #: without open: the files read (and pinned) since the kernel last knew them, by inode
+        self._read_files: dict[int, tuple[Node, OpenFile]] = {}
+        self.no_open = config.no_open and NO_OPEN_SUPPORTED
+        self._root_mtime_ns = 0
+        #: True while pyfuse3 has a session (set by ``mount.serve``)
+        self.mounted = False
         self._dir_ahead: OrderedDict[bytes, int] = OrderedDict()  # tree -> read ahead up to
         self._next_fh = 1
         self._uid, self._gid = os.getuid(), os.getgid()
+        #: requests answered, by handler (what the kernel did not answer from its caches)
+        self.requests: Counter[str] = Counter()
 
     # -- lifecycle (called by mount.serve) -----------------------------------------------
 
@@ -181,8 +222,15 @@ class ViewOperations(pyfuse3.Operations):
 
         Thread-safe: a host calls it from any thread after creating or deleting a
         checkpoint, so a new one shows at once and a deleted one's name goes at once.
+        Without open it also drops the kernel's attributes of the root at once: its next
+        listing then asks for them, finds a new mtime, and lists the root again.
         """
         self._listed_at = -math.inf
+        if self.no_open and self.mounted:
+            try:  # attributes only: no page or lock to wait for, from any thread
+                pyfuse3.invalidate_inode(ROOT_INODE, attr_only=True)
+            except OSError as e:
+                log.debug("invalidate_inode(root): %s", e)
         if self._token is not None:
             with contextlib.suppress(trio.RunFinishedError):
                 self._token.run_sync_soon(self._relist_soon)
@@ -200,16 +248,18 @@ class ViewOperations(pyfuse3.Operations):
     def close(self) -> None:
         """Releases every file still open and stops the workers (after the file system
         was unmounted and the view's tasks ended)."""
-        for node, f in self._files.values():
+        for node, f in [*self._files.values(), *self._read_files.values()]:
             f.release()
             node.opens = 0
         self._files.clear()
+        self._read_files.clear()
         self._dirs.clear()
         self.workers.close()
 
     @property
     def open_files(self) -> int:
-        return len(self._files)
+        """Files open (or, without open, read and not yet forgotten by the kernel)."""
+        return len(self._files) + len(self._read_files)
 
     @property
     def listing(self) -> Sequence[CheckpointRef]:
@@ -239,7 +289,13 @@ class ViewOperations(pyfuse3.Operations):
         for r in self._shown:
             if r.id not in new_ids:
                 log.info("checkpoint %s left the view", r.id)
-                self._forget_send.send_nowait(r.id.encode())
+                self._forget_read_files(r.id)  # first: their directories are still reachable
+                self._forget_send.send_nowait((ROOT_INODE, r.id.encode()))
+        if [r.id for r in shown] != [r.id for r in self._shown]:
+            # a listing's change always changes the root's mtime: the kernel, which
+            # caches the root's listing without open, checks it before each listing
+            newest = shown[0].create_time_ns if shown else 0
+            self._root_mtime_ns = max(newest, self._root_mtime_ns + 1)
         self._shown = shown
         self._all_ids = {r.id for r in refs}
 
@@ -249,11 +305,22 @@ class ViewOperations(pyfuse3.Operations):
         In a worker thread, outside any request handler: the kernel may make the call
         wait for a request in progress on the root, and must not wait for itself.
         """
-        async for name in self._forget_recv:
+        async for parent, name in self._forget_recv:
             try:
-                await trio.to_thread.run_sync(pyfuse3.invalidate_entry, ROOT_INODE, name)
+                await trio.to_thread.run_sync(pyfuse3.invalidate_entry, parent, name)
             except OSError as e:  # ENOENT: the kernel did not know the name
-                log.debug("invalidate_entry(%r): %s", name, e)
+                log.debug("invalidate_entry(%d, %r): %s", parent, name, e)
+
+    def _forget_read_files(self, checkpoint_id: str) -> None:
+        """Without open: asks the kernel to drop the names of the files of a checkpoint
+        that left the view whose objects are pinned since they were read. Dropping the
+        checkpoint's name alone leaves the names below it cached (unreachable), so the
+        kernel would not forget their inodes (and the view would hold their packs) until
+        memory ran short; a dropped name of a file still open goes when it is closed."""
+        for node, _f in self._read_files.values():
+            if node.checkpoint is not None and node.checkpoint.id == checkpoint_id:
+                name = node.path.rpartition(b"/")[2]
+                self._forget_send.send_nowait((node.parent, name))
 
     async def _is_gone(self, node: Node) -> bool:
         """True if ``node``'s checkpoint no longer exists (asks the source again)."""
@@ -312,8 +379,7 @@ class ViewOperations(pyfuse3.Operations):
 
     def _attrs(self, node: Node) -> pyfuse3.EntryAttributes:
         if node.entry is None:
-            newest = self._shown[0].create_time_ns if self._shown else 0
-            return root_attributes(newest, self._uid, self._gid, self.config.list_ttl)
+            return root_attributes(self._root_mtime_ns, self._uid, self._gid, self.config.list_ttl)
         a = entry_attributes(node, self.config.timeout)
         if node.parent == ROOT_INODE and node.path == b"":
             a.entry_timeout = self.config.list_ttl  # the name may go away; the attrs never change
@@ -361,6 +427,13 @@ class ViewOperations(pyfuse3.Operations):
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, n in inode_list:
             self.inodes.forget(ino, n)
+            got = self._read_files.get(ino)
+            if got is not None and got[0].lookups == 0:  # no open file can use it now
+                del self._read_files[ino]
+                node, f = got
+                f.release()
+                node.opens -= 1
+                self.inodes.drop_if_unused(node)
 
     @_handler
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
@@ -401,7 +474,10 @@ class ViewOperations(pyfuse3.Operations):
     @_handler
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         """Takes the directory's listing once, so a listing in several ``readdir`` calls
-        sees one state of the root even if checkpoints come and go meanwhile."""
+        sees one state of the root even if checkpoints come and go meanwhile. Without
+        open: ``ENOSYS``, and the kernel opens directories itself from then on."""
+        if self.no_open:
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         node = self._node(inode)
         listing: list[tuple[bytes, Callable[[], Node]]]
         if node.entry is None:
@@ -420,6 +496,9 @@ class ViewOperations(pyfuse3.Operations):
 
     @_handler
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        if self.no_open:  # fh is the directory's inode
+            await self._readdir_inode(fh, start_id, token)
+            return
         listing = self._dirs.get(fh)
         if listing is None:
             raise pyfuse3.FUSEError(errno.EBADF)
@@ -431,6 +510,33 @@ class ViewOperations(pyfuse3.Operations):
                 break
             self.inodes.remember(node)
 
+    async def _readdir_inode(self, ino: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        """``readdir`` without ``opendir``: a checkpoint's directory never changes, so an
+        entry's position is its offset; the root's entries are offset by their serial
+        (first seen first), so a listing in several calls skips or repeats none of those
+        that stay while checkpoints come and go."""
+        node = self._node(ino)
+        if node.entry is None:
+            for ref in sorted(await self.shown(), key=lambda r: self._serial[r.id]):
+                serial = self._serial[ref.id]
+                root = await self._checkpoint_root(ref) if serial > start_id else None
+                if root is None:
+                    continue
+                if not pyfuse3.readdir_reply(token, ref.id.encode(), self._attrs(root), serial):
+                    self.inodes.drop_if_unused(root)
+                    return
+                self.inodes.remember(root)
+            return
+        d = await self._children(node)
+        if start_id == 0:
+            self._read_ahead_trees(d)
+        for i in range(start_id, len(d.entries)):
+            child = self.inodes.child(node, d.entries[i])
+            if not pyfuse3.readdir_reply(token, d.entries[i].name, self._attrs(child), i + 1):
+                self.inodes.drop_if_unused(child)
+                return
+            self.inodes.remember(child)
+
     @_handler
     async def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)
@@ -441,7 +547,11 @@ class ViewOperations(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         """Opens a file: its objects are pinned (one worker call, which also loads its
         first MiB), unless it is small and already in memory, in which case the handle
-        simply keeps the bytes. Either way, a delete cannot take them away while open."""
+        simply keeps the bytes. Either way, a delete cannot take them away while open.
+        Without open: ``ENOSYS``, and the kernel opens files itself from then on (a file
+        is pinned at its first read instead, see the module docstring)."""
+        if self.no_open:
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         node = self._node(inode)
         if flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC:
             raise _erofs()
@@ -466,19 +576,21 @@ class ViewOperations(pyfuse3.Operations):
                 reader = await self._pin(node, layout)
         except SpriteError as e:
             raise await self._failure(node, e) from None
-        f = OpenFile(
-            layout,
-            held,
-            reader,
-            self.objects,
-            self._nursery,
-            self.config.readahead_bytes,
-            max(2, self.config.readahead_bytes // AHEAD_BATCH),
-        )
+        f = self._open_file(layout, held, reader)
         fh = self._new_fh()
         self._files[fh] = (node, f)
         node.opens += 1
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+
+    def _open_file(
+        self, layout: FileLayout, held: dict[ObjectId, bytes], reader: PinnedReader | None
+    ) -> OpenFile:
+        assert self._nursery is not None, "start() was not called"
+        cfg = self.config
+        ahead_tasks = max(2, cfg.readahead_bytes // AHEAD_BATCH)
+        return OpenFile(
+            layout, held, reader, self.objects, self._nursery, cfg.readahead_bytes, ahead_tasks
+        )
 
     async def _layout(self, entry: TreeEntry) -> FileLayout:
         source = self.source
@@ -567,7 +679,47 @@ class ViewOperations(pyfuse3.Operations):
 
     @_handler
     async def read(self, fh: int, off: int, size: int) -> bytes:
+        if self.no_open:  # fh is the file's inode
+            return await self._read_inode(fh, off, size)
         node, f = self._file(fh)
+        try:
+            return await f.read(off, size)
+        except SpriteError as e:
+            raise await self._failure(node, e) from None
+
+    async def _read_inode(self, ino: int, off: int, size: int) -> bytes:
+        """``read`` without ``open``. The first read of a small file that asks for all of
+        it (as the kernel's read-ahead does) is answered from the objects and leaves
+        nothing behind: the kernel keeps the pages. Any other first read pins the file's
+        objects (as ``open`` does), until the kernel forgets the inode."""
+        got = self._read_files.get(ino)
+        if got is None:
+            node = self._node(ino)
+            if node.entry is None or node.entry.kind is not Kind.FILE:
+                raise pyfuse3.FUSEError(errno.EISDIR if node.is_dir else errno.EINVAL)
+            try:
+                layout = await self._layout(node.entry)
+                self._read_ahead_directory(node)  # this file and the small ones after it
+                if off == 0 and size >= layout.size and layout.size <= AHEAD_BATCH:
+                    source = self.source
+                    held = await self.objects.get_many(
+                        list(layout.objects()), lambda keys: _read_once(source, keys)
+                    )
+                    whole = self._open_file(layout, held, None)
+                    try:
+                        return await whole.read(off, size)
+                    finally:
+                        whole.release()
+                reader = await self._pin(node, layout)
+            except SpriteError as e:
+                raise await self._failure(node, e) from None
+            f = self._open_file(layout, {}, reader)
+            got = self._read_files.setdefault(ino, (node, f))
+            if got[1] is f:
+                node.opens += 1
+            else:  # a concurrent first read got there first
+                f.release()
+        node, f = got
         try:
             return await f.read(off, size)
         except SpriteError as e:

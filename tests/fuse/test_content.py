@@ -202,7 +202,8 @@ def test_small_files_open_when_their_checkpoint_is_deleted_stay_readable(
     root: str, engine: Engine, mount: Callable[..., Mounted]
 ) -> None:
     """A small file's handle may keep its bytes instead of pinning them: either way the
-    delete cannot take them away while it is open."""
+    delete cannot take them away while it is open (with open: without, a file is pinned
+    at its first read, see the next test)."""
     rng = random.Random(9)
     os.mkdir(os.path.join(root, "d"))
     contents = {f"f{i}": rng.randbytes(20_000 + i) for i in range(20)}
@@ -215,7 +216,7 @@ def test_small_files_open_when_their_checkpoint_is_deleted_stay_readable(
             f.write(rng.randbytes(100))
     engine.create()
     doomed = _file_objects(engine, "v0", b"d/f3") | _file_objects(engine, "v0", b"d/f11")
-    with mount() as m, contextlib.ExitStack() as stack:
+    with mount(no_open=False) as m, contextlib.ExitStack() as stack:
         # f3 is read ahead with the files after it and its handle holds its bytes; f11
         # comes before f3 in the directory, so it was not read ahead: it is pinned
         f3 = stack.enter_context(open(m.path("v0", "d", "f3"), "rb", buffering=0))
@@ -246,7 +247,7 @@ def test_a_sequential_read_does_not_fill_the_shared_cache(
     objects = _file_objects(engine, "v0", b"f")
     with mount() as m:
         assert _digest(m.path("v0", "f"), block=128 << 10) == blake3.blake3(data).hexdigest()
-        wait_until(lambda: m.call(lambda: m.ops.open_files) == 0, what="the release")
+        wait_until(lambda: m.call(lambda: m.ops.objects.loading) == 0, what="the read-aheads")
         cached, misses = m.call(lambda: (m.ops.objects.bytes, m.ops.objects.misses))
         assert misses <= len(objects)
         assert cached <= 2 * MiB  # what open loaded (the first MiB) stays

@@ -1,0 +1,166 @@
+"""Without open, the kernel answers a second walk of a checkpoint from its caches.
+
+The view counts the requests it answers (``ViewOperations.requests``); these tests count
+them around real walks of a real mount, rather than timing anything.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import TYPE_CHECKING
+
+import pytest
+
+from sprite_env.fuse.operations import NO_OPEN_SUPPORTED
+from tests.fuse.mounting import requires_fuse, wait_until
+
+if TYPE_CHECKING:
+    from collections import Counter
+    from collections.abc import Callable
+
+    from sprite_env.checkpoints import Engine
+    from tests.fuse.mounting import Mounted
+
+pytestmark = [pytest.mark.fuse, requires_fuse]
+
+needs_patch = pytest.mark.skipif(
+    not NO_OPEN_SUPPORTED, reason="needs pyfuse3 built with .ci/pyfuse3-no-open.patch"
+)
+MiB = 1 << 20
+
+
+def _layer(root: str) -> dict[str, bytes]:
+    """A small tree: nested directories, small files, one of 3 MiB, symlinks."""
+    rng = random.Random(5)
+    files: dict[str, bytes] = {}
+    for d in ("a", "a/b", "a/b/c", "d"):
+        os.makedirs(os.path.join(root, d), exist_ok=True)
+        for i in range(12):
+            files[f"{d}/f{i}"] = rng.randbytes(rng.randrange(0, 40_000))
+    files["d/big"] = rng.randbytes(3 * MiB)
+    for rel, data in files.items():
+        with open(os.path.join(root, rel), "wb") as f:
+            f.write(data)
+    os.symlink("f1", os.path.join(root, "a/link"))
+    os.symlink("../d/big", os.path.join(root, "a/b/up"))
+    return files
+
+
+def _walk(top: str) -> tuple[dict[str, bytes], dict[str, str]]:
+    """Every file's bytes and every symlink's target under ``top`` (what ``diff -r
+    --no-dereference`` reads)."""
+    files: dict[str, bytes] = {}
+    links: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, top)
+            os.lstat(path)
+            if os.path.islink(path):
+                links[rel] = os.readlink(path)
+            elif name in filenames:
+                with open(path, "rb") as f:
+                    files[rel] = f.read()
+    return files, links
+
+
+def _requests(m: Mounted) -> Counter[str]:
+    return m.call(lambda: m.ops.requests.copy())  # type: ignore[no-any-return]
+
+
+@needs_patch
+def test_a_second_walk_is_answered_by_the_kernel(
+    root: str, engine: Engine, mount: Callable[..., Mounted]
+) -> None:
+    files = _layer(root)
+    engine.create()
+    with mount() as m:
+        assert m.ops.no_open
+        top = m.path("v0")
+        got, links = _walk(top)
+        assert got == files
+        assert links == {"a/link": "f1", "a/b/up": "../d/big"}
+        first = _requests(m)
+        # open and opendir were asked once each (and answered ENOSYS); no release at all
+        assert first["open"] == 1
+        assert first["opendir"] <= 1
+        assert first["release"] == first["releasedir"] == 0
+        assert first["read"] >= 1
+        assert first["readdir"] >= 5
+        assert first["readlink"] == 2
+
+        assert _walk(top) == (files, links)
+        again = _requests(m) - first
+        assert not again, f"the second walk reached the view: {dict(again)}"
+
+
+def test_with_open_a_second_walk_asks_the_view_again(
+    root: str, engine: Engine, mount: Callable[..., Mounted]
+) -> None:
+    """The contrast (a stock pyfuse3, or ``no_open=False``): every open, listing and close
+    of the second walk reaches the view, though the file pages stay cached."""
+    files = _layer(root)
+    engine.create()
+    with mount(no_open=False) as m:
+        top = m.path("v0")
+        _walk(top)
+        first = _requests(m)
+        assert _walk(top)[0] == files
+        again = _requests(m) - first
+        assert again["open"] == len(files)
+        assert again["opendir"] == 5  # v0, a, a/b, a/b/c, d
+        assert again["read"] == 0  # keep_cache
+
+
+@needs_patch
+def test_the_root_follows_checkpoints_though_the_kernel_caches_listings(
+    root: str, engine: Engine, mount: Callable[..., Mounted]
+) -> None:
+    """A long ``list_ttl``: only the view's refresh (what the daemon calls after a job)
+    tells the kernel to list the root again, and then at once."""
+    for i in range(3):
+        with open(os.path.join(root, "f"), "w") as f:
+            f.write(str(i))
+        engine.create()
+    with mount(list_ttl=3600.0) as m:
+        assert sorted(os.listdir(m.mountpoint)) == ["v0", "v1", "v2"]
+        before = _requests(m)["readdir"]
+        assert sorted(os.listdir(m.mountpoint)) == ["v0", "v1", "v2"]
+        assert _requests(m)["readdir"] == before  # cached by the kernel
+        engine.delete("v1")  # neither the newest nor the root's date changes
+        m.ops.refresh()
+        assert sorted(os.listdir(m.mountpoint)) == ["v0", "v2"]
+        engine.create()
+        m.ops.refresh()
+        assert sorted(os.listdir(m.mountpoint)) == ["v0", "v2", "v3"]
+        with open(m.path("v3", "f")) as f:
+            assert f.read() == "2"
+
+
+@needs_patch
+def test_a_file_read_before_its_checkpoint_is_deleted_stays_readable_and_then_goes(
+    root: str, engine: Engine, mount: Callable[..., Mounted]
+) -> None:
+    """Without open, a file is pinned at its first read until the kernel forgets it: it
+    stays readable across the delete and a prune while open, and its pack is let go once
+    it is closed (the view asks the kernel to drop the names of a checkpoint that left)."""
+    data = random.Random(3).randbytes(6 * MiB)
+    with open(os.path.join(root, "f"), "wb") as f:
+        f.write(data)
+    engine.create()
+    with open(os.path.join(root, "f"), "wb") as f:  # v1 shares nothing with v0
+        f.write(b"new")
+    engine.create()
+    with mount(object_cache_bytes=MiB, readahead_bytes=MiB) as m:
+        with open(m.path("v0", "f"), "rb", buffering=0) as f:
+            assert f.read(MiB) == data[:MiB]
+            assert m.call(lambda: m.ops.open_files) == 1
+            engine.delete("v0")
+            m.ops.refresh()
+            with open("/proc/sys/vm/drop_caches", "w") as dc:
+                dc.write("1\n")
+            m.call(m.ops.objects.clear)
+            assert f.read() == data[MiB:]
+        wait_until(lambda: m.source.open_pack_fds == 0, what="the pin to go")  # type: ignore[attr-defined]
+        assert m.call(lambda: m.ops.open_files) == 0
