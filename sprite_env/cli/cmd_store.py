@@ -34,7 +34,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "owner (exit 3 if not)",
     )
     common(q)
-    q.add_argument("--read-data", action="store_true", help="also re-read and re-hash every object")
+    q.add_argument(
+        "--read-data",
+        action="store_true",
+        help="also re-read and re-hash every object (with --store s3://...: every pack "
+        "downloaded from the bucket, not only the cached ones)",
+    )
     q.set_defaults(func=cmd_check)
     q = ssub.add_parser("rebuild-catalog", help="rebuild the catalog from the packs alone")
     common(q)
@@ -57,10 +62,10 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from sprite_env.checkpoints.verify import verify_store
-    from sprite_env.store import open_store
+    from sprite_env.store.backend import open_backed_store
 
     with (
-        open_store(store_dir(args), writable=False) as s,
+        open_backed_store(store_dir(args), remote(args), writable=False) as s,
         progress_bar("checking packs", enabled=not args.json) as update,
     ):
         v = verify_store(s, read_data=args.read_data, progress=update)
