@@ -23,7 +23,7 @@ import resource
 import sys
 from typing import TYPE_CHECKING
 
-from sprite_env.cli.options import add_common_options, root_dir, store_dir
+from sprite_env.cli.options import add_common_options, remote, root_dir, store_dir
 from sprite_env.errors import SpriteError
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     import trio
 
     from sprite_env.fuse import StoreSource, ViewConfig, serve_until_signal
-    from sprite_env.store import open_store
+    from sprite_env.store.backend import open_backed_store
 
     config = ViewConfig(count=args.count, include_auto=args.include_auto)
     _raise_open_files_limit()
@@ -106,7 +106,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     try:
-        with open_store(store_dir(args), writable=False) as store:
+        with open_backed_store(store_dir(args), remote(args), writable=False) as store:
             source = StoreSource(store)
             trio.run(
                 functools.partial(serve_until_signal, source, mountpoint, config, on_ready=ready)
@@ -145,7 +145,8 @@ def _start_in_background(args: argparse.Namespace, mountpoint: str) -> int:
         "--root",
         os.path.abspath(root_dir(args)),
         "--store",
-        store_dir(args),
+        store_dir(args) if remote(args) is None else args.store,
+        *(["--cache-size", args.cache_size] if args.cache_size is not None else []),
         "checkpoints",
         "mount",
         mountpoint,

@@ -329,6 +329,16 @@ def rebuild(store: Store) -> RebuildReport:
     """
     if not store.writable:
         raise StoreError("rebuild needs the store open for writing")
+    cache = os.path.join(store.path, "cache")  # backend.CACHE_DIR
+    if store.remote is not None or os.path.isdir(cache):
+        # Its packs are in the bucket, most of them nowhere here: a catalog rebuilt from
+        # packs/ alone would forget every checkpoint that needs them.
+        raise StoreError(
+            f"{store.path} keeps its packs in object storage: a catalog rebuilt from the "
+            "local packs alone would lose the rest, so nothing was changed. Its catalog "
+            "comes from the bucket: move this directory aside, and the next open with the "
+            "same --store s3://BUCKET/PREFIX pulls the newest generation's"
+        )
     report = RebuildReport()
     found: list[tuple[PackName, int, int, list[Entry]]] = []
     for fname in sorted(os.listdir(store.packs_dir)):

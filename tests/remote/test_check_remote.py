@@ -9,10 +9,14 @@ import json
 import os
 from typing import TYPE_CHECKING
 
+import pytest
+
+from sprite_env.fuse import mounts
 from sprite_env.store import ObjectKind, check, open_store
 from sprite_env.store.backend import RemoteConfig, open_backed_store
 from sprite_env.store.pack import ENTRY
 from sprite_env.store.remote import push
+from tests.fuse.mounting import requires_fuse
 from tests.helpers import trees
 from tests.helpers.cli import run_cli
 
@@ -83,3 +87,30 @@ def test_the_command_names_the_damaged_object_in_the_bucket(storage: S3Storage, 
         e.startswith(f"{url}: corrupt pack {pack} at offset {offset}") for e in report["errors"]
     ), report["errors"]
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.fuse
+@requires_fuse
+def test_an_offline_mount_reads_from_the_bucket(storage: S3Storage, tmp_path) -> None:
+    """``--store s3://... checkpoints mount`` on a fresh machine (the background server is
+    started with the same URL): a checkpoint's file reads back through the cache."""
+    root, store = str(tmp_path / "layer"), str(tmp_path / "store")
+    os.makedirs(os.path.join(root, "etc"))
+    with open(os.path.join(root, "etc", "hosts"), "w") as f:
+        f.write("127.0.0.1 localhost\n")
+    assert run_cli("--root", root, "--store", store, "store", "init").returncode == 0
+    assert run_cli("--root", root, "--store", store, "checkpoints", "create").returncode == 0
+    with open_store(store) as s:
+        push(s, storage)
+    url = f"s3://{storage.url.bucket}/{storage.url.prefix}"
+    fresh = str(tmp_path / "fresh")
+    os.makedirs(fresh)
+    mnt = os.path.join(fresh, ".sprite", "checkpoints")
+    r = run_cli("--root", fresh, "--store", url, "--json", "checkpoints", "mount")
+    assert r.returncode == 0, r.stderr
+    try:
+        with open(os.path.join(mnt, "v0", "etc", "hosts")) as f:
+            assert f.read() == "127.0.0.1 localhost\n"
+    finally:
+        if any(m.mountpoint == mnt for m in mounts()):
+            assert run_cli("--root", fresh, "checkpoints", "unmount").returncode == 0

@@ -9,9 +9,12 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+import pytest
+
 from sprite_env.checkpoints import Engine
+from sprite_env.errors import StoreError
 from sprite_env.snapshot.dircache import RACY_NS
-from sprite_env.store import ObjectKind, check
+from sprite_env.store import ObjectKind, check, open_store, rebuild
 from sprite_env.store.backend import RemoteConfig, open_backed_store
 from sprite_env.store.remote import push
 from tests.helpers import trees
@@ -157,3 +160,18 @@ def test_delete_and_prune_on_a_bucket_store_free_local_space_only(
     after = _stamps(storage)
     assert set(before) <= set(after)  # nothing deleted, nothing rewritten
     assert all(after[k] == v for k, v in before.items())
+
+
+def test_rebuild_catalog_of_a_bucket_store_is_refused(storage: S3Storage, tmp_path) -> None:
+    """Its packs are mostly in the bucket only: a catalog rebuilt from packs/ would lose
+    them. Refused, nothing changed (the catalog lists every pack after)."""
+    path = str(tmp_path / "store")
+    with _open(path, storage, 1) as s:
+        _fill(s, 16)
+        push(s, storage)
+        packs = s.catalog.packs()
+    with open_store(path, repair=True) as s, pytest.raises(StoreError, match="nothing was changed"):
+        rebuild(s)
+    with _open(path, storage, 1) as s:
+        assert s.catalog.packs() == packs
+        assert s.lost_packs() == []
