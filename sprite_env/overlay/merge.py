@@ -221,7 +221,10 @@ class MergedTrees:
                     payload=bytes(self._tree_id(e.subtree, below)),
                 )
             else:
-                e = replace(e, xattrs=_shown_xattrs(e.xattrs), link=b"")
+                # the link (the path of the group's first member) is kept: every UPPER name
+                # shows at the same path in MERGED, so the view gives the group one inode,
+                # as overlayfs does
+                e = replace(e, xattrs=_shown_xattrs(e.xattrs))
             out[e.name] = e
         if not lower_rel:
             pass
