@@ -41,6 +41,7 @@ from sprite_env import privacy
 from sprite_env.errors import StoreError
 from sprite_env.store.catalog import Catalog
 from sprite_env.store.faults import crashpoint
+from sprite_env.store.lease import Lease, LeaseStorage
 from sprite_env.store.pack import _fsync_dir, pack_path
 from sprite_env.store.repository import open_store
 
@@ -71,7 +72,7 @@ class RemoteStoreError(StoreError):
     """The bucket holds no generation that can be used (none, or none complete)."""
 
 
-class ObjectStorage(Protocol):
+class ObjectStorage(LeaseStorage, Protocol):
     """What the remote store needs of a bucket (``s3.S3Storage`` is one). Names are
     relative to the store's prefix."""
 
@@ -145,6 +146,15 @@ def generations(storage: ObjectStorage) -> list[Generation]:
     return sorted((g for g in found if g is not None), reverse=True)
 
 
+def heads(storage: ObjectStorage) -> dict[str, Generation]:
+    """Each writer's newest generation, by writer id: where writers diverged, the states a
+    user can pick from (``pull(writer=...)``)."""
+    out: dict[str, Generation] = {}
+    for g in generations(storage):  # newest first: the first of each writer is its head
+        out.setdefault(g.writer, g)
+    return out
+
+
 def _file_b3(path: str) -> str:
     h = blake3.blake3(max_threads=blake3.blake3.AUTO)
     with open(path, "rb") as f:
@@ -194,6 +204,9 @@ def push(
     store: Store,
     storage: ObjectStorage,
     progress: Callable[[PushProgress], None] | None = None,
+    *,
+    lease: Lease | None = None,
+    bypass_lease: bool = False,
 ) -> PushReport:
     """Uploads the store's committed state as the bucket's next catalog generation.
 
@@ -209,15 +222,25 @@ def push(
         storage: the bucket.
         progress: called before the first PUT and after each pack's; an exception it
             raises ends the push there, committing nothing (the daemon stops a push so).
+        lease: the prefix's lease, held by the caller (``store/lease.py``); without one
+            the push takes it for its own duration.
+        bypass_lease: push without any lease (tests of two writers at once; never needed
+            for correctness, which the commit protocol keeps without it).
 
     Raises:
         RemoteError: a request failed (after the client's retries); nothing is committed.
         StoreError: the store is read-only.
         FileNotFoundError: a pack the copy names was pruned meanwhile.
+        LeaseHeld: another writer holds the prefix; nothing was sent.
+        LeaseLost: the lease lapsed during the push; the generation was not sent.
     """
     if not store.writable:
         raise StoreError("store is open read-only")
     wid = writer_id(store)
+    held = None if lease is not None or bypass_lease else Lease.acquire(storage, wid)
+    if held is not None:
+        held.keep_renewed()
+    lease = lease or held
     tmp = os.path.join(store.tmp_dir, f"remote-catalog-{secrets.token_hex(4)}.db")
     try:
         names = _backup(store, tmp)
@@ -257,12 +280,16 @@ def push(
         gens = generations(storage)
         gen = Generation((gens[0].number + 1) if gens else 0, wid, digest)
         crashpoint("remote-before-catalog-put")
+        if lease is not None:
+            lease.check()  # the commit point: only while the prefix is surely ours
         storage.put_file(gen.name, tmp)
         crashpoint("remote-after-catalog-put")
         store.packs_durable(names)  # now the bucket holds them: the cache's bound applies
         log.info("store %s: generation %d pushed to %r", store.path, gen.number, storage)
         return PushReport(gen, uploaded, sent + os.stat(tmp).st_size, present)
     finally:
+        if held is not None:
+            held.release()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
 
@@ -443,6 +470,7 @@ __all__ = [
     "durable_checkpoints",
     "fetch_verified",
     "generations",
+    "heads",
     "pull",
     "push",
     "record_durable",

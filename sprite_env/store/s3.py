@@ -84,7 +84,12 @@ class BadRemoteSetting(UserError):
     """An environment variable of :meth:`RetryPolicy.from_env` that is no number."""
 
 
-def _env_number(env: Mapping[str, str], name: str, default: float, least: float) -> float:
+def env_number(env: Mapping[str, str], name: str, default: float, least: float) -> float:
+    """The number in variable ``name`` (``default`` when unset or empty).
+
+    Raises:
+        BadRemoteSetting: not a number, or below ``least``.
+    """
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -140,14 +145,14 @@ class RetryPolicy:
         env = os.environ if env is None else env
         d = cls()
         return cls(
-            attempts=int(_env_number(env, "AWS_MAX_ATTEMPTS", d.attempts, 1)),
-            seconds=_env_number(env, "SPRITE_ENV_S3_RETRY_SECONDS", d.seconds, 0),
+            attempts=int(env_number(env, "AWS_MAX_ATTEMPTS", d.attempts, 1)),
+            seconds=env_number(env, "SPRITE_ENV_S3_RETRY_SECONDS", d.seconds, 0),
             base=d.base,
             cap=d.cap,
-            connect_timeout=_env_number(
+            connect_timeout=env_number(
                 env, "SPRITE_ENV_S3_CONNECT_TIMEOUT", d.connect_timeout, 0.1
             ),
-            read_timeout=_env_number(env, "SPRITE_ENV_S3_READ_TIMEOUT", d.read_timeout, 0.1),
+            read_timeout=env_number(env, "SPRITE_ENV_S3_READ_TIMEOUT", d.read_timeout, 0.1),
         )
 
     def backoff(self, retry: int) -> float:
@@ -487,6 +492,7 @@ __all__ = [
     "RetryPolicy",
     "S3Storage",
     "StoreUrl",
+    "env_number",
     "make_client",
     "transient",
 ]

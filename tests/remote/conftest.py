@@ -98,6 +98,9 @@ def use_server(server: Server, monkeypatch: pytest.MonkeyPatch) -> dict[str, str
             monkeypatch.delenv(k)
     for k, v in server.aws.items():
         monkeypatch.setenv(k, v)
+    # The lease's wait before it lists again (1 s by default) would be paid by every
+    # push of the suite; tests/remote/test_lease.py sets its own.
+    monkeypatch.setenv("SPRITE_ENV_LEASE_SETTLE", "0.1")
     return server.aws
 
 

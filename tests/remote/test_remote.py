@@ -57,9 +57,15 @@ def _packs_of(store_dir: str) -> set[str]:
 
 
 def _stamps(storage: S3Storage) -> dict[str, object]:
-    """Each object's ETag and modification time: an overwrite would change them."""
+    """Each object's ETag and modification time: an overwrite would change them. Lease
+    locks are left out: they come and go (a killed pusher's is removed by the next)."""
     pages = storage.client.get_paginator("list_objects_v2").paginate(Bucket=storage.url.bucket)
-    return {o["Key"]: (o["ETag"], o["LastModified"]) for p in pages for o in p.get("Contents", [])}
+    return {
+        o["Key"]: (o["ETag"], o["LastModified"])
+        for p in pages
+        for o in p.get("Contents", [])
+        if "/locks/" not in o["Key"]
+    }
 
 
 def _ids(store_dir: str, root: str) -> list[str]:

@@ -66,6 +66,9 @@ class Slow:
     def list(self, under: str) -> dict[str, int]:
         return self.storage.list(under)
 
+    def __getattr__(self, name: str) -> Any:  # the rest (the lease's requests) unchanged
+        return getattr(self.storage, name)
+
 
 def test_commits_are_pushed_in_order_coalesced_and_recorded(
     storage: S3Storage, tmp_path: Any
