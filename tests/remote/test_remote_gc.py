@@ -1,0 +1,152 @@
+"""Remote deletes with a grace period (issue 14, point 6), against the real Swift: a reader
+of the old generation reads through the grace, then the space is freed; nothing a kept
+generation names is deleted; each writer keeps its newest generations."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+
+from sprite_env.checkpoints import Engine
+from sprite_env.store import check, open_store
+from sprite_env.store.lease import open_lease
+from sprite_env.store.remote import (
+    RemoteStoreError,
+    generations,
+    heads,
+    pull,
+    push,
+    writer_id,
+)
+from sprite_env.store.remote_gc import GcPolicy, collect, plan
+from tests.helpers import trees
+
+if TYPE_CHECKING:
+    from sprite_env.store.remote import Generation
+    from sprite_env.store.s3 import S3Storage
+
+#: Ages come from the server's Date header, in whole seconds: up to 1 s short.
+GRACE = 1.5
+PAST_GRACE = GRACE + 1.3
+
+
+def _write(root: str, rel: str, data: bytes) -> None:
+    path = os.path.join(root, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _named(storage: S3Storage, gen: Generation, tmp_path, tag: str) -> set[str]:
+    """The packs ``gen`` names, checked byte for byte through a pull of it."""
+    pulled = str(tmp_path / f"check-{tag}")
+    pull(storage, pulled, generation=gen)
+    with open_store(pulled, writable=False) as s:
+        assert check(s, read_data=True).ok
+        return {f"packs/{p.name}.pack" for p in s.catalog.packs()}
+
+
+def test_a_delete_frees_remote_space_after_the_grace(storage: S3Storage, tmp_path) -> None:
+    """v0 holds a big file; it is deleted and the next generation no longer names its
+    pack. Within the grace nothing goes and a reader of the old generation reads it
+    whole; after it, the old generation, its pack and an orphan are gone, and the newest
+    generation's packs all stay."""
+    policy = GcPolicy(keep=1, grace=GRACE)
+    root, store_dir = str(tmp_path / "layer"), str(tmp_path / "store")
+    trees.build_tree(root, trees.sample_spec())
+    _write(root, "big", os.urandom(400_000))
+    with Engine(root, store_dir) as e:
+        e.create("v0")
+        old = push(e.store, storage).generation
+        os.unlink(os.path.join(root, "big"))
+        e.create("v1")
+        e.delete("v0")
+        new = push(e.store, storage).generation
+        wid = writer_id(e.store)
+    orphan = f"packs/{'ab' * 32}.pack"  # a pack of a push still on its way elsewhere
+    storage.put_bytes(orphan, b"in flight")
+    old_packs = _named(storage, old, tmp_path, "old")
+    new_packs = _named(storage, new, tmp_path, "new")
+    dropped = old_packs - new_packs
+    assert dropped  # the big file's pack at least
+    before = storage.list("packs/")
+
+    early = collect(storage, wid, policy)  # within the grace: nothing goes
+    assert (early.generations, early.packs) == (0, 0)
+    assert storage.list("packs/") == before
+    reader = str(tmp_path / "reader")  # a reader that took the old generation
+    pull(storage, reader, generation=old)
+    with open_store(reader, writable=False) as s:
+        assert check(s, read_data=True).ok
+
+    time.sleep(PAST_GRACE)
+    dry = plan(storage, policy)
+    assert [g.name for g in dry.generations] == [old.name]
+    assert set(dry.packs) == dropped | {orphan}
+    report = collect(storage, wid, policy)
+    assert (report.generations, report.packs) == (1, len(dropped) + 1)
+    assert report.bytes == sum(before[p] for p in dropped) + len(b"in flight")
+    after = storage.list("packs/")
+    assert set(after) == new_packs  # freed, and every pack of the newest is there
+    assert [g.name for g in generations(storage)] == [new.name]
+    with pytest.raises(RemoteStoreError, match="no generation of"):
+        pull(storage, str(tmp_path / "too-late"), generation=old)
+    assert _named(storage, new, tmp_path, "after") == new_packs
+    again = collect(storage, wid, policy)
+    assert (again.generations, again.packs) == (0, 0)
+
+
+def test_each_writer_keeps_its_newest_generations(storage: S3Storage, tmp_path) -> None:
+    """Two writers (A and its fork B) push three generations each; with keep=1 each keeps
+    its own newest, whichever pushed last, and both stay whole."""
+    policy = GcPolicy(keep=1, grace=GRACE)
+    root_a, store_a = str(tmp_path / "a/layer"), str(tmp_path / "a/store")
+    trees.build_tree(root_a, trees.sample_spec())
+    with Engine(root_a, store_a) as a:
+        a.create("v0")
+        push(a.store, storage)
+    store_b = str(tmp_path / "b/store")
+    pull(storage, store_b)
+    os.makedirs(tmp_path / "b/layer")
+    with (
+        Engine(root_a, store_a, create=False) as a,
+        Engine(str(tmp_path / "b/layer"), store_b, create=False) as b,
+    ):
+        b.restore("v0")
+        for i in range(2):
+            _write(root_a, f"a{i}", os.urandom(30_000))
+            a.create(f"a{i}")
+            push(a.store, storage)
+            _write(str(tmp_path / "b/layer"), f"b{i}", os.urandom(30_000))
+            b.create(f"b{i}")
+            push(b.store, storage)
+        push(b.store, storage)  # B's newest, no change: A's head is now two numbers back
+        wa = writer_id(a.store)
+    assert len(generations(storage)) == 6
+    h = heads(storage)
+    time.sleep(PAST_GRACE)
+    report = collect(storage, wa, policy)
+    assert report.generations == 4
+    assert sorted(generations(storage)) == sorted(h.values())
+    for writer, head in h.items():
+        _named(storage, head, tmp_path, writer)  # complete and sound
+
+
+def test_remote_deletes_wait_for_the_lease(storage: S3Storage) -> None:
+    from sprite_env.store.lease import LeaseHeld
+
+    with open_lease(storage, "a" * 12), pytest.raises(LeaseHeld, match="writer aaaaaaaaaaaa"):
+        collect(storage, "b" * 12, GcPolicy(keep=1, grace=0))
+
+
+def test_remote_delete_settings_from_the_environment() -> None:
+    from sprite_env.store.s3 import BadRemoteSetting
+
+    got = GcPolicy.from_env({"SPRITE_ENV_REMOTE_KEEP": "3", "SPRITE_ENV_REMOTE_GRACE": "60"})
+    assert got == GcPolicy(keep=3, grace=60)
+    assert GcPolicy.from_env({}) == GcPolicy()
+    with pytest.raises(BadRemoteSetting, match="SPRITE_ENV_REMOTE_KEEP"):
+        GcPolicy.from_env({"SPRITE_ENV_REMOTE_KEEP": "0"})
