@@ -18,6 +18,7 @@
 #include "treescan.h"
 
 int treesplice_add_functions(PyObject *module); /* treesplice_py.c */
+int bulkread_add_functions(PyObject *module);   /* bulkread_py.c */
 
 /* Below this many bytes the scan is too short to be worth a GIL round trip. */
 #define RELEASE_GIL_MIN_BYTES 8192
@@ -674,6 +675,9 @@ static int native_exec(PyObject *module)
     Py_DECREF(seed);
     if (rc == 0) {
         rc = treesplice_add_functions(module); /* treesplice_py.c */
+    }
+    if (rc == 0) {
+        rc = bulkread_add_functions(module); /* bulkread_py.c */
     }
     return rc;
 }

@@ -125,3 +125,48 @@ def tree_find(tree: Buffer, name: Buffer, /) -> bytes | None:
     Raises:
         ValueError: a malformed tree.
     """
+
+def read_start(
+    dirfd: int,
+    names: list[bytes],
+    limit: int,
+    min_size: int,
+    avg_size: int,
+    max_size: int,
+    threads: int,
+    /,
+) -> object:
+    """Starts reading, chunking and hashing the files ``names`` of the directory open at
+    ``dirfd`` (the batch duplicates it) on up to ``threads`` threads of a pool, without
+    the GIL, and returns the batch at once, for :func:`read_finish` (bulkread.c).
+
+    Raises:
+        ValueError: bad chunking parameters, or a name that is not bytes without NUL.
+        OSError: the batch could not be started.
+    """
+
+def read_finish(
+    batch: object, /
+) -> list[tuple[tuple[int, ...], bytes, list[int], bytes, int] | None]:
+    """Waits (GIL released) for a batch of :func:`read_start`. Per file: None when it is
+    not plain (not a regular file of one link and at most ``limit`` bytes, holes, changed
+    while read, any error), else the 19 fields of its ``os.stat_result`` after the read,
+    its bytes, the chunks' exclusive ends, their BLAKE3-256 ids (32 bytes each,
+    concatenated), and its descriptor if it may have xattrs (the caller reads and closes
+    it), else -1.
+
+    Raises:
+        ValueError: the batch was finished already.
+    """
+
+def read_files(
+    dirfd: int,
+    names: list[bytes],
+    limit: int,
+    min_size: int,
+    avg_size: int,
+    max_size: int,
+    threads: int,
+    /,
+) -> list[tuple[tuple[int, ...], bytes, list[int], bytes, int] | None]:
+    """``read_finish(read_start(...))``: the same results, waited for."""

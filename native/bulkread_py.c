@@ -1,0 +1,234 @@
+/*
+ * bulkread_py.c - the CPython binding of bulkread.c: read_start, read_finish, read_files.
+ *
+ * Added to module sprite_env._native by bulkread_add_functions() (called from _native.c's
+ * exec slot). Typed stub: sprite_env/_native.pyi.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bulkread.h"
+#include "fastcdc.h"
+
+/* os.stat_result's 19 fields, in its constructor's order. */
+static PyObject *stat_tuple(const struct stat *st)
+{
+    long long a = (long long)st->st_atim.tv_sec, m = (long long)st->st_mtim.tv_sec,
+              c = (long long)st->st_ctim.tv_sec;
+    long long an = a * 1000000000LL + st->st_atim.tv_nsec;
+    long long mn = m * 1000000000LL + st->st_mtim.tv_nsec;
+    long long cn = c * 1000000000LL + st->st_ctim.tv_nsec;
+    return Py_BuildValue("(IKKKIILLLLdddLLLlLK)", (unsigned)st->st_mode,
+                         (unsigned long long)st->st_ino, (unsigned long long)st->st_dev,
+                         (unsigned long long)st->st_nlink, (unsigned)st->st_uid,
+                         (unsigned)st->st_gid, (long long)st->st_size, a, m, c,
+                         (double)an / 1e9, (double)mn / 1e9, (double)cn / 1e9, an, mn, cn,
+                         (long)st->st_blksize, (long long)st->st_blocks,
+                         (unsigned long long)st->st_rdev);
+}
+
+/* (stat, data, ends, ids, xattr_fd) of a file read, or None. */
+static PyObject *file_result(struct bulk_file *f)
+{
+    if (f->status != 0) {
+        Py_RETURN_NONE;
+    }
+    PyObject *ends = PyList_New((Py_ssize_t)f->nchunks);
+    if (ends == NULL) {
+        return NULL;
+    }
+    for (size_t i = 0; i < f->nchunks; i++) {
+        PyObject *v = PyLong_FromSize_t(f->ends[i]);
+        if (v == NULL) {
+            Py_DECREF(ends);
+            return NULL;
+        }
+        PyList_SET_ITEM(ends, (Py_ssize_t)i, v);
+    }
+    /* y# of a NULL pointer would be None: an empty file's bytes are b"" */
+    const char *data = f->data != NULL ? (const char *)f->data : "";
+    return Py_BuildValue("(Ny#Ny#i)", stat_tuple(&f->st), data,
+                         (Py_ssize_t)f->len, ends, (const char *)f->ids,
+                         (Py_ssize_t)(f->nchunks * BULK_ID_LEN), f->xattr_fd);
+}
+
+/* A batch in flight: what the capsule of read_start() holds. */
+struct pending {
+    struct bulk_task *task; /* NULL once finished */
+    struct bulk_file *files;
+    Py_ssize_t n;
+    PyObject *names; /* a list: keeps the names' bytes alive while the pool reads */
+};
+
+#define CAPSULE_NAME "sprite_env._native.read_start"
+
+static void pending_free(struct pending *p)
+{
+    if (p->task != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        bulk_finish(p->task);
+        Py_END_ALLOW_THREADS
+        p->task = NULL;
+    }
+    for (Py_ssize_t i = 0; i < p->n; i++) {
+        bulk_file_free(&p->files[i]);
+        if (p->files[i].status == 0 && p->files[i].xattr_fd >= 0) {
+            close(p->files[i].xattr_fd); /* not handed over */
+        }
+    }
+    free(p->files);
+    Py_XDECREF(p->names);
+    free(p);
+}
+
+static void pending_destroy(PyObject *capsule)
+{
+    struct pending *p = PyCapsule_GetPointer(capsule, CAPSULE_NAME);
+    if (p != NULL) {
+        pending_free(p); /* never collected: waits for the pool, then drops the results */
+    }
+}
+
+PyDoc_STRVAR(read_start_doc,
+"read_start(dirfd, names, limit, min_size, avg_size, max_size, threads, /) -> batch\n--\n\n"
+"Starts reading, chunking and hashing the files names (bytes, in the directory open at\n"
+"dirfd, which the batch duplicates) on up to threads threads of a pool, without the GIL,\n"
+"and returns at once; read_finish(batch) gives the results. Raises ValueError for bad\n"
+"chunking parameters or a name that is not bytes without NUL, OSError if the batch could\n"
+"not be started.");
+
+static PyObject *native_read_start(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int dirfd;
+    PyObject *names;
+    Py_ssize_t limit, min_size, avg_size, max_size;
+    unsigned threads;
+    if (!PyArg_ParseTuple(args, "iO!nnnnI:read_start", &dirfd, &PyList_Type, &names, &limit,
+                          &min_size, &avg_size, &max_size, &threads)) {
+        return NULL;
+    }
+    if (limit < 0 || min_size < 0 || avg_size < 0 || max_size < 0) {
+        PyErr_SetString(PyExc_ValueError, "sizes must not be negative");
+        return NULL;
+    }
+    int rc = fastcdc_validate((size_t)min_size, (size_t)avg_size, (size_t)max_size);
+    if (rc != FASTCDC_OK) {
+        PyErr_SetString(PyExc_ValueError, fastcdc_strerror(rc));
+        return NULL;
+    }
+    struct pending *p = calloc(1, sizeof *p);
+    if (p == NULL) {
+        return PyErr_NoMemory();
+    }
+    /* a copy of the list: another thread could change the caller's meanwhile */
+    p->names = PyList_GetSlice(names, 0, PyList_GET_SIZE(names));
+    if (p->names == NULL) {
+        free(p);
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(p->names);
+    p->files = calloc(n > 0 ? (size_t)n : 1, sizeof *p->files);
+    if (p->files == NULL) {
+        pending_free(p);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = PyList_GET_ITEM(p->names, i);
+        if (!PyBytes_Check(b) ||
+            (Py_ssize_t)strlen(PyBytes_AS_STRING(b)) != PyBytes_GET_SIZE(b)) {
+            pending_free(p);
+            PyErr_SetString(PyExc_ValueError, "names must be bytes without NUL");
+            return NULL;
+        }
+        p->files[i].name = PyBytes_AS_STRING(b);
+        p->files[i].status = BULK_FALLBACK;
+        p->files[i].xattr_fd = -1;
+    }
+    p->n = n;
+    p->task = bulk_start(dirfd, p->files, (size_t)n, (size_t)limit, (size_t)min_size,
+                         (size_t)avg_size, (size_t)max_size, threads);
+    if (p->task == NULL) {
+        int err = errno ? errno : ENOMEM;
+        pending_free(p);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    PyObject *capsule = PyCapsule_New(p, CAPSULE_NAME, pending_destroy);
+    if (capsule == NULL) {
+        pending_free(p);
+    }
+    return capsule;
+}
+
+PyDoc_STRVAR(read_finish_doc,
+"read_finish(batch, /) -> list\n--\n\n"
+"Waits (GIL released) for a batch of read_start() and returns one result per name: None\n"
+"when the file is not plain (not a regular file of one link and at most limit bytes,\n"
+"holes, changed while read, any error: the caller's general path decides) or\n"
+"(stat, data, ends, ids, xattr_fd): the 19 fields of os.stat_result after the read, the\n"
+"bytes, the chunks' exclusive ends (the streaming chunker's boundaries), their BLAKE3-256\n"
+"ids concatenated (32 bytes each), and the file's descriptor if it may have xattrs (the\n"
+"caller reads and closes it), else -1. Raises ValueError for a batch already finished.");
+
+static PyObject *native_read_finish(PyObject *self, PyObject *capsule)
+{
+    (void)self;
+    struct pending *p = PyCapsule_GetPointer(capsule, CAPSULE_NAME);
+    if (p == NULL) {
+        return NULL;
+    }
+    if (p->task == NULL) {
+        PyErr_SetString(PyExc_ValueError, "batch already finished");
+        return NULL;
+    }
+    struct bulk_task *task = p->task;
+    Py_BEGIN_ALLOW_THREADS
+    bulk_finish(task);
+    Py_END_ALLOW_THREADS
+    p->task = NULL;
+    PyObject *out = PyList_New(p->n);
+    for (Py_ssize_t i = 0; out != NULL && i < p->n; i++) {
+        PyObject *r = file_result(&p->files[i]);
+        if (r == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, r);
+        p->files[i].xattr_fd = -1; /* handed over */
+        bulk_file_free(&p->files[i]); /* copied: the memory goes back at once */
+    }
+    return out;
+}
+
+PyDoc_STRVAR(read_files_doc,
+"read_files(dirfd, names, limit, min_size, avg_size, max_size, threads, /) -> list\n--\n\n"
+"read_finish(read_start(...)): the same results, waited for.");
+
+static PyObject *native_read_files(PyObject *self, PyObject *args)
+{
+    PyObject *batch = native_read_start(self, args);
+    if (batch == NULL) {
+        return NULL;
+    }
+    PyObject *out = native_read_finish(self, batch);
+    Py_DECREF(batch);
+    return out;
+}
+
+static PyMethodDef bulkread_methods[] = {
+    {"read_start", native_read_start, METH_VARARGS, read_start_doc},
+    {"read_finish", native_read_finish, METH_O, read_finish_doc},
+    {"read_files", native_read_files, METH_VARARGS, read_files_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+int bulkread_add_functions(PyObject *module)
+{
+    return PyModule_AddFunctions(module, bulkread_methods);
+}
