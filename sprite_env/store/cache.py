@@ -10,9 +10,10 @@ downloads the pack from the bucket first. So a machine that pulled only a catalo
   immutable, so an entry never goes stale and needs no invalidation; entries left by an
   earlier process are used as they are (``open`` re-verifies none: a damaged one is found
   by the reader's per-object hash, as in a local store).
-- The cache holds at most ``max_bytes``: after a fetch, the least recently opened entries
-  are unlinked until it fits (the pack just fetched is always kept, so one pack larger
-  than the bound still works). A reader holding a descriptor of an evicted entry keeps
+- The cache holds at most ``max_bytes``: after a fetch (or an adopt, and at open, for a
+  bound smaller than the last process's), the least recently opened entries are unlinked
+  until it fits (the newest entry is always kept, so one pack larger than the bound still
+  works). A reader holding a descriptor of an evicted entry keeps
   reading it (an unlinked file stays readable; ``PackFiles`` closes such a descriptor when
   its last reader lets go, so the space comes back).
 - Downloads of different packs run in parallel; two threads missing the same pack fetch
@@ -102,6 +103,9 @@ class RemotePacks:
         self._entries: OrderedDict[str, int] = OrderedDict(
             (name, size) for _, name, size in sorted(found)
         )
+        if self._entries:  # a smaller bound than the last process had (--cache-size)
+            with self._lock:
+                self._evict(keep=next(reversed(self._entries)))
 
     def cached_bytes(self) -> int:
         with self._lock:

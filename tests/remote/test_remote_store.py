@@ -175,3 +175,16 @@ def test_rebuild_catalog_of_a_bucket_store_is_refused(storage: S3Storage, tmp_pa
     with _open(path, storage, 1) as s:
         assert s.catalog.packs() == packs
         assert s.lost_packs() == []
+
+
+def test_a_smaller_bound_is_applied_at_the_next_open(storage: S3Storage, tmp_path) -> None:
+    path = str(tmp_path / "store")
+    with _open(path, storage) as s:
+        objs = _fill(s)
+        push(s, storage)
+        assert len(_files(os.path.join(path, "cache"))) == len(s.catalog.packs())
+    with _open(path, storage, 150_000) as s:
+        cache = os.path.join(path, "cache")
+        assert 1 <= len(_files(cache)) <= 2
+        assert s.remote.cached_bytes() <= 150_000  # type: ignore[union-attr]
+        assert s.read_many(list(objs)) == list(objs.values())
