@@ -16,6 +16,11 @@ per pid         64     one runaway process (a client looping on ``connect``) can
                        job (each waiting its turn: ``pacing.py``) all fit
 ==============  =====  ==================================================================
 
+With the daemon's front process (``front.py``), the front accepts every connection and
+answers repeated list and info requests itself; a connection enters this table when the
+front hands it over (anything else, or no whole request within its 0.5 s grace), so the
+bounds apply from then on.
+
 A slot is *idle* while its connection has no complete request: a new connection before
 its first byte, a request still arriving, a kept-alive connection between requests.
 Idle connections make room: when a new connection finds its client at a bound, the

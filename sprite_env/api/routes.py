@@ -334,10 +334,11 @@ class Router:
         if history is not None:
             _id(history)
         include_auto = _flag(req, "include_auto", "includeAuto")
-        return Response(200, await self.backend.checkpoints_json(include_auto, history))
+        body = await self.backend.checkpoints_json(include_auto, history)
+        return Response(200, body, shareable=True)  # the front may repeat it (front.py)
 
     async def info(self, req: Request, p: dict[str, str]) -> Answer:
-        return Response(200, await self.backend.info_json(_id(p["id"])))
+        return Response(200, await self.backend.info_json(_id(p["id"])), shareable=True)
 
     async def create(self, req: Request, _: dict[str, str]) -> Answer:
         body = _body(req, shapes.CreateRequest)

@@ -19,7 +19,7 @@ import os
 import socket as stdsocket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
 import h11
@@ -28,6 +28,9 @@ import trio
 from sprite_env import __version__
 from sprite_env.api.connections import ConnectionTable, Slot, peer_of
 from sprite_env.api.problems import Problem, problem_for
+
+if TYPE_CHECKING:
+    from sprite_env.api.front import Front
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +74,8 @@ class Request:
     body: bytes
     #: The client process's user (SO_PEERCRED); None where unknown (memory streams).
     peer_uid: int | None = None
+    #: The request target as sent (path and query): what a shared answer is found by.
+    target: str = ""
 
 
 @dataclass
@@ -79,6 +84,9 @@ class Response:
     body: bytes
     content_type: str = "application/json"
     headers: list[tuple[str, str]] = field(default_factory=list)
+    #: The same for every GET of this target until the daemon's answers change (list,
+    #: info): the front process may repeat it (``front.py``).
+    shareable: bool = False
 
 
 @dataclass
@@ -120,12 +128,17 @@ class _Connection:
         handler: Handler,
         limits: Limits,
         slot: Slot | None = None,
+        front: Front | None = None,
+        primed: bytes = b"",
     ) -> None:
         self.stream = stream
         self.handler = handler
         self.limits = limits
         self.slot = slot or Slot(None)
+        self.front = front
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+        if primed:  # what the front read before handing the connection over
+            self.conn.receive_data(primed)
         self.head_only = False  # answering HEAD: the head of the GET answer, no body
 
     async def _send(self, event: h11.Event) -> None:
@@ -205,6 +218,8 @@ class _Connection:
         return None
 
     async def _answer(self, request: Request) -> None:
+        front = self.front
+        generation = front.generation() if front is not None and front.alive else None
         try:
             response = await self.handler(request)
         except Exception as e:  # a handler's failure is the client's answer, not our crash
@@ -214,8 +229,16 @@ class _Connection:
             response = Response(problem.status, problem.body())
         if isinstance(response, StreamResponse):
             await self._stream(response)
-        else:
-            await self._respond(response)
+            return
+        if (
+            front is not None
+            and generation is not None
+            and response.shareable
+            and response.status == 200
+            and request.method == "GET"
+        ):  # valid since before the handler ran if no change happened since (offer checks)
+            front.offer(request.target, response.content_type, response.body, generation)
+        await self._respond(response)
 
     async def _read_request(self) -> Request | None:
         event = await self._next_event()
@@ -247,6 +270,7 @@ class _Connection:
             headers=headers,
             body=bytes(body),
             peer_uid=self.slot.peer.uid if self.slot.peer is not None else None,
+            target=event.target.decode("latin-1"),
         )
 
     def _headers(
@@ -318,9 +342,12 @@ async def handle(
     handler: Handler,
     limits: Limits | None = None,
     slot: Slot | None = None,
+    front: Front | None = None,
+    primed: bytes = b"",
 ) -> None:
-    """Serves every request that arrives on one connection (until ``slot`` is evicted)."""
-    await _Connection(stream, handler, limits or Limits(), slot).serve()
+    """Serves every request that arrives on one connection (until ``slot`` is evicted);
+    ``primed``: the bytes the front read from it already."""
+    await _Connection(stream, handler, limits or Limits(), slot, front, primed).serve()
 
 
 async def serve_listener(
@@ -329,10 +356,12 @@ async def serve_listener(
     *,
     limits: Limits | None = None,
     table: ConnectionTable | None = None,
+    front: Front | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accepts connections on ``listener`` and serves each until cancelled, within the
-    bounds of ``table`` (see ``connections.py``).
+    bounds of ``table`` (see ``connections.py``). With a started ``front``, the front
+    accepts them and this serves those it hands over, until it ends; then this accepts.
 
     Error handling:
         accept() errors in :data:`ACCEPT_CAPACITY_ERRNOS` (out of descriptors or memory)
@@ -346,9 +375,9 @@ async def serve_listener(
     failures = 0
     logged_at = -ACCEPT_LOG_EVERY_S
 
-    async def serve_one(stream: trio.abc.Stream, slot: Slot) -> None:
+    async def serve_one(stream: trio.abc.Stream, slot: Slot, primed: bytes = b"") -> None:
         try:
-            await handle(stream, handler, limits, slot)
+            await handle(stream, handler, limits, slot, front, primed)
         finally:
             table.release(slot)
 
@@ -366,8 +395,62 @@ async def serve_listener(
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await stream.aclose()
 
+    async def close_quietly(stream: trio.abc.Stream) -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await stream.aclose()
+
+    def place(stream: trio.abc.Stream, primed: bytes = b"") -> None:
+        peer = peer_of(stream)
+        slot = table.admit(peer)
+        if slot is not None:
+            nursery.start_soon(serve_one, stream, slot, primed)
+        elif refusing < MAX_REFUSING:
+            assert peer is not None  # only a known client has bounds of its own
+            nursery.start_soon(
+                refuse,
+                stream,
+                f"too many connections at once from process {peer.pid} (user {peer.uid}): "
+                f"at most {table.per_pid} per process and {table.per_uid} per user; "
+                "close some, or retry",
+            )
+        else:
+            nursery.start_soon(close_quietly, stream)
+
+    async def out_of_room(e: OSError) -> None:
+        """Out of descriptors or memory: an idle connection closed, a pause, logged."""
+        nonlocal failures, logged_at
+        code = e.errno
+        assert code is not None  # (one of ACCEPT_CAPACITY_ERRNOS)
+        failures += 1
+        if trio.current_time() - logged_at >= ACCEPT_LOG_EVERY_S:
+            logged_at = trio.current_time()
+            log.warning(
+                "accept: %s (%s); retrying every %.1f s (%d failures so far)",
+                errno.errorcode[code],
+                os.strerror(code),
+                ACCEPT_BACKOFF_S,
+                failures,
+            )
+        table.evict_idle(lambda s: True)  # its descriptor is the one a new client needs
+        await trio.sleep(ACCEPT_BACKOFF_S)
+
+    async def room_for_one() -> bool:
+        """Waits for a slot; False if no descriptor is free now (after backing off)."""
+        await table.wait_for_room()
+        try:
+            os.close(os.dup(0))  # a connection passed by the front needs one descriptor
+        except OSError as e:
+            if e.errno not in ACCEPT_CAPACITY_ERRNOS:
+                raise
+            await out_of_room(e)
+            return False
+        return True
+
     async with trio.open_nursery() as nursery:
         task_status.started()
+        if front is not None and front.alive:
+            async for sock, primed in front.handed_back(room_for_one):
+                place(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), primed)
         while True:
             await table.wait_for_room()
             try:
@@ -375,35 +458,9 @@ async def serve_listener(
             except OSError as e:
                 if e.errno not in ACCEPT_CAPACITY_ERRNOS:
                     raise
-                failures += 1
-                if trio.current_time() - logged_at >= ACCEPT_LOG_EVERY_S:
-                    logged_at = trio.current_time()
-                    log.warning(
-                        "accept: %s (%s); retrying every %.1f s (%d failures so far)",
-                        errno.errorcode[e.errno],
-                        os.strerror(e.errno),
-                        ACCEPT_BACKOFF_S,
-                        failures,
-                    )
-                table.evict_idle(lambda s: True)  # its descriptor is the one a new client needs
-                await trio.sleep(ACCEPT_BACKOFF_S)
+                await out_of_room(e)
                 continue
-            peer = peer_of(stream)
-            slot = table.admit(peer)
-            if slot is not None:
-                nursery.start_soon(serve_one, stream, slot)
-            elif refusing < MAX_REFUSING:
-                assert peer is not None  # only a known client has bounds of its own
-                nursery.start_soon(
-                    refuse,
-                    stream,
-                    f"too many connections at once from process {peer.pid} (user {peer.uid}): "
-                    f"at most {table.per_pid} per process and {table.per_uid} per user; "
-                    "close some, or retry",
-                )
-            else:
-                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await stream.aclose()
+            place(stream)
 
 
 def _raw_problem(p: Problem) -> bytes:
@@ -452,14 +509,20 @@ async def serve_unix(
     *,
     group: str | None = None,
     limits: Limits | None = None,
+    front: Front | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serves ``handler`` on a Unix socket at ``path`` until cancelled (then removes it)."""
+    """Serves ``handler`` on a Unix socket at ``path`` until cancelled (then removes it);
+    with ``front``, through a front process started on the socket (``front.py``)."""
     sock = bind_unix_socket(path, group=group)
     listener = trio.SocketListener(sock)
     try:
-        await serve_listener(listener, handler, limits=limits, task_status=task_status)
+        if front is not None:
+            front.start(sock.fileno())
+        await serve_listener(listener, handler, limits=limits, front=front, task_status=task_status)
     finally:
+        if front is not None:
+            front.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         await listener.aclose()

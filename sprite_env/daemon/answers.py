@@ -52,6 +52,9 @@ class AnswerCache:
         self._reading: dict[Key, trio.Event] = {}
         self._rebuild: dict[Key, Callable[[], Any]] = {}
         self._stale = trio.Event()
+        #: Called with the new generation by every :meth:`clear`, in the same step (the
+        #: front process drops the answers it repeats).
+        self.on_clear: list[Callable[[int], None]] = []
 
     def clear(self) -> None:
         """Drops every answer (the checkpoints changed); reads under way are not kept."""
@@ -59,6 +62,8 @@ class AnswerCache:
         self._values.clear()
         self._reading.clear()
         self._stale.set()
+        for callback in self.on_clear:
+            callback(self.generation)
 
     async def get(self, key: Key, read: Callable[[], T], *, since: int | None = None) -> T:
         """The value of ``key``: kept, or being read by another request (then waited

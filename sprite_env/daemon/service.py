@@ -29,7 +29,8 @@ import trio
 from sprite_env import __version__, privacy, statelock
 from sprite_env.api import events, shapes
 from sprite_env.api.backend import FileBytes
-from sprite_env.api.server import Limits, serve_unix
+from sprite_env.api.front import Front
+from sprite_env.api.server import SERVER, Limits, serve_unix
 from sprite_env.checkpoints import Engine
 from sprite_env.checkpoints.engine import CHECK_HINT, RestoreFailed
 from sprite_env.daemon.activity import ActivityLog
@@ -112,6 +113,7 @@ class DaemonConfig:
     excludes: list[str] | None = None
     overlay: Overlay | None = None
     journal: bool = True  # the change journal (fanotify), where the kernel supports it
+    front: bool = True  # list and info repeated by a front process (api/front.py)
 
     @property
     def layer(self) -> str:
@@ -987,6 +989,10 @@ async def _serve(
     from sprite_env.api.routes import Router
 
     config = daemon.config
+    # Repeated list and info answers come from a process of their own (api/front.py).
+    repeater = Front(lambda: daemon._answers.generation, SERVER) if config.front else None
+    if repeater is not None:
+        daemon._answers.on_clear.append(repeater.clear)
     async with trio.open_nursery() as outer:  # the view: last to go
         if config.view:
             daemon.view = await _start_view(outer, daemon)
@@ -1000,6 +1006,7 @@ async def _serve(
                             Router(daemon).handle,
                             group=config.socket_group,
                             limits=config.limits,
+                            front=repeater,
                             task_status=task_status,
                         )
                     )
