@@ -151,8 +151,12 @@ static PyObject *native_read_start(PyObject *self, PyObject *args)
         p->files[i].xattr_fd = -1;
     }
     p->n = n;
-    p->task = bulk_start(dirfd, p->files, (size_t)n, (size_t)limit, (size_t)min_size,
-                         (size_t)avg_size, (size_t)max_size, threads);
+    struct bulk_task *task;
+    Py_BEGIN_ALLOW_THREADS /* it may wait for the pool's lock */
+    task = bulk_start(dirfd, p->files, (size_t)n, (size_t)limit, (size_t)min_size,
+                      (size_t)avg_size, (size_t)max_size, threads);
+    Py_END_ALLOW_THREADS
+    p->task = task;
     if (p->task == NULL) {
         int err = errno ? errno : ENOMEM;
         pending_free(p);

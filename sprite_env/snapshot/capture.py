@@ -540,6 +540,26 @@ class Capturer:
         memo = WalkMemo(totals, frozenset(), frozenset(), root.st_ino)
         return WalkHint(marked, frozenset(), memo, scanned=True)
 
+    def _warm_metadata(self, fd: int, root: os.stat_result) -> None:
+        """Before a walk with no rows at all (a first checkpoint, or after a reset): one
+        native walk of the whole tree on ``WALKERS`` threads, its result unused, so that
+        the walk's listings and stats below come from memory instead of one disk read at a
+        time. Cold, on the medium bench layer, the walk waited 8 s in ``getdents64`` and
+        2 s in ``stat`` for them; the native walk reads them in about 1 s (warm it costs
+        about 0.2 s, against the 10 s or more of reading the layer's files)."""
+        if _scan_tree is None or self.hint is not None or self.cache:
+            return
+        _scan_tree(
+            fd,
+            self.start_ns,
+            RACY_NS,
+            root.st_dev,
+            {},
+            list(self.excludes.inodes),
+            self.excludes.patterns,
+            WALKERS,
+        )
+
     def _kept_subtrees(self) -> dict[bytes, Totals]:
         """The native walk's counts of every directory at or below a kept one."""
         assert self.hint is not None
@@ -571,6 +591,7 @@ class Capturer:
                 self._set_hint(scanned)  # the scan read every row already
             else:
                 self._prefetch()
+                self._warm_metadata(fd, st)
             kept = self._reuse(b"")
             subtree = kept if kept is not None else self._dir(fd, b"")[0]
             top = TreeEntry(
