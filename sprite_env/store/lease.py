@@ -25,7 +25,8 @@ new lock and deleting the old (nothing is overwritten in place), and stops pushi
 before anyone may call its lock stale.
 
 A lock of the same writer id on the same host by another process is a leftover of a
-process that died (the local store's flock admits one writer process), and is removed.
+process that died (the local store's flock admits one writer process), and is removed; so
+is one of this process that no lease here holds (its release could not delete it).
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ log = logging.getLogger(__name__)
 
 LOCKS = "locks/"
 _LOCK = re.compile(r"locks/([0-9a-f]{12})-([0-9a-f]{16})")
+
+#: The locks this process holds now: one of this process's locks not among them is a
+#: leftover (a release whose delete failed, when the server was down), not a holder.
+_held: set[str] = set()
+_held_lock = threading.Lock()
 
 
 class LeaseStorage(Protocol):
@@ -205,6 +211,8 @@ class Lease:
         self._released = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        with _held_lock:
+            _held.add(key)
 
     def __repr__(self) -> str:
         return f"Lease({self.storage!r}, {self.key})"
@@ -228,7 +236,9 @@ class Lease:
             theirs: list[Holder] = []
             dead: list[Holder] = []
             for h in live:
-                leftover = (h.writer, h.host) == (writer, host) and h.pid != pid
+                with _held_lock:
+                    ours = h.pid == pid and h.key in _held
+                leftover = (h.writer, h.host) == (writer, host) and not ours
                 (dead if leftover else theirs).append(h)
             return theirs, dead
 
@@ -280,6 +290,9 @@ class Lease:
         self.storage.put_bytes(key, _body(self.writer))  # not under the lock: check() waits not
         with self._lock:
             old, self.key, self._renewed = self.key, key, started
+        with _held_lock:
+            _held.add(key)
+            _held.discard(old)
         try:
             self.storage.delete(old)
         except RemoteError as e:  # it goes stale on its own
@@ -317,19 +330,33 @@ class Lease:
             except (RemoteError, OSError) as e:
                 log.warning("%r: renewing the lease failed (tried again later): %s", self, e)
 
-    def release(self) -> None:
-        """Stops renewing and deletes the lock (one that cannot be deleted goes stale)."""
+    def release(self, *, wait: bool = True) -> None:
+        """Stops renewing and deletes the lock (one that cannot be deleted goes stale, or
+        is removed as a leftover by this writer's next lease on this host).
+
+        Args:
+            wait: False deletes the lock in a background thread: after a failed push the
+                error is reported at once, not after the delete's own retries.
+        """
         with self._lock:
             if self._released:
                 return
             self._released = True
         self._stop.set()
+        if not wait:
+            threading.Thread(target=self._delete, name=f"release {self.key}", daemon=True).start()
+            return
+        self._delete()
+
+    def _delete(self) -> None:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
+        with _held_lock:
+            _held.discard(self.key)
         try:
             self.storage.delete(self.key)
         except RemoteError as e:
-            log.warning("%r: could not delete the lock (it goes stale): %s", self, e)
+            log.info("%r: could not delete the lock (it goes stale): %s", self, e)
 
 
 @contextlib.contextmanager

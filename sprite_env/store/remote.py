@@ -287,6 +287,10 @@ def push(
         store.packs_durable(names)  # now the bucket holds them: the cache's bound applies
         log.info("store %s: generation %d pushed to %r", store.path, gen.number, storage)
         return PushReport(gen, uploaded, sent + os.stat(tmp).st_size, present)
+    except BaseException:
+        if held is not None:  # the error first; the lock goes meanwhile (or goes stale)
+            held.release(wait=False)
+        raise
     finally:
         if held is not None:
             held.release()

@@ -228,3 +228,26 @@ def test_retry_settings_from_the_environment() -> None:
         waits = [d.backoff(n) for _ in range(200)]
         assert all(0 <= w <= min(d.cap, d.base * 2**n) for w in waits)
         assert len(set(waits)) > 100
+
+
+def test_a_failed_push_reports_at_once_and_its_lock_blocks_no_later_push(
+    proxy: FaultProxy, bucket: str, tmp_path
+) -> None:
+    """The server fails the pack PUTs and the lock's DELETE: the push raises its error
+    while the lock's release goes on in the background, and the lock left behind does not
+    refuse this process's next push (no lease here holds it: a leftover)."""
+    storage = _storage(bucket, RetryPolicy(attempts=2, seconds=30, base=0.05, cap=0.1))
+    _, store_dir = _two_checkpoints(tmp_path, storage)
+    proxy.script("503", method="PUT", path="/packs/", times=math.inf)
+    proxy.script("503", method="DELETE", path="/locks/", times=math.inf)
+    with open_store(store_dir) as s, pytest.raises(RemoteError, match="upload of packs/"):
+        push(s, storage)
+    deadline = time.monotonic() + 10
+    while proxy.count("503", method="DELETE") < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the background release tries its 2 attempts
+    assert proxy.count("503", method="DELETE") == 2
+    assert len(storage.list("locks/")) == 1
+    proxy.clear()
+    with open_store(store_dir) as s:
+        assert push(s, storage).generation.number == 1
+    assert storage.list("locks/") == {}  # the leftover removed, our own released
