@@ -36,6 +36,7 @@ import contextlib
 import os
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -46,12 +47,16 @@ from sprite_env.store.remote import fetch_verified
 from sprite_env.store.s3 import RemoteNotFound
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from sprite_env.store.remote import ObjectStorage
 
 #: The default bound of a cache: 2 GiB, 64 packs of the 32 MiB target size.
 DEFAULT_MAX_BYTES = 2 << 30
+#: Downloads at once when a reader asks for many packs (:meth:`RemotePacks.prefetch`). One
+#: at a time, an export on a fresh machine from the local Swift ran at 24 MB/s against
+#: restic's 4 connections; more than the two cores can verify gains nothing.
+PREFETCH_WORKERS = 4
 
 
 @dataclass
@@ -217,6 +222,35 @@ class RemotePacks:
                 self.stats.bytes_fetched += size
                 self._evict(keep=name)
             return fd
+
+    def prefetch(self, names: Iterable[PackName]) -> None:
+        """Fetches the packs of ``names`` not cached, several at once (a reader about to
+        open them one by one would wait for each download in turn). At most half the
+        cache's bound is fetched ahead, so what is fetched is not evicted before it is
+        read; an error is left for the reader's own :meth:`open` to raise."""
+        with self._lock:
+            missing = [n for n in dict.fromkeys(names) if n not in self._entries]
+        if len(missing) < 2:
+            return
+        listing = self._listing()
+        chosen, total = [], 0
+        for n in missing:
+            size = listing.get(n)
+            if size is None:
+                continue  # not in the bucket: the reader's open says so
+            if total + size > self.max_bytes // 2:
+                break
+            chosen.append(n)
+            total += size
+        if len(chosen) < 2:
+            return
+
+        def fetch(name: PackName) -> None:
+            with contextlib.suppress(Exception):  # the reader's open raises it again
+                os.close(self.open(name))
+
+        with ThreadPoolExecutor(min(PREFETCH_WORKERS, len(chosen)), "pack-fetch") as pool:
+            list(pool.map(fetch, chosen))
 
     def _open_cached(self, name: str) -> int | None:
         with self._lock:

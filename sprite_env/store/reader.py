@@ -111,6 +111,16 @@ class PackFiles:
         self._slots: OrderedDict[PackName, PackSlot] = OrderedDict()
         self._held = 0
 
+    def prefetch(self, names: Iterable[PackName]) -> None:
+        """Lets an opener that fetches packs (a store in object storage) fetch those of
+        ``names`` not open here all at once, before they are acquired one by one."""
+        fetch = getattr(self._opener, "prefetch", None)
+        if fetch is None:
+            return
+        with self._lock:
+            todo = [n for n in names if n not in self._slots]
+        fetch(todo)
+
     def acquire(self, name: PackName) -> PackSlot:
         """A descriptor of the pack, held until :meth:`release`.
 
@@ -373,7 +383,9 @@ class PackPin:
                     raise ObjectNotFound(oid)
             self._where.update(where)
             gone = set()
-            for pack in {loc.pack for loc in where.values()}:
+            packs = sorted({loc.pack for loc in where.values()} - self._slots.keys())
+            self._files.prefetch(packs)
+            for pack in packs:
                 if pack in self._slots:
                     continue
                 try:

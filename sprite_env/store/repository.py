@@ -109,6 +109,10 @@ class RemoteSource(Protocol):
         """The bucket's bytes of the pack into a new file, unverified and uncached."""
         ...
 
+    def prefetch(self, names: Iterable[PackName]) -> None:
+        """Fetches those of the packs not cached, several at once."""
+        ...
+
 
 class _LocalThenRemote:
     """The :class:`~sprite_env.store.ports.PackOpener` of a store in object storage:
@@ -125,6 +129,11 @@ class _LocalThenRemote:
             return self.local.open(name)
         except FileNotFoundError:
             return self.remote.open(name)
+
+    def prefetch(self, names: Iterable[PackName]) -> None:
+        """The bucket's packs among ``names`` fetched at once (``PackFiles.prefetch``)."""
+        here = self.local.packs_dir
+        self.remote.prefetch([n for n in names if not os.path.exists(pack_path(here, n))])
 
 
 @dataclass(frozen=True, slots=True)

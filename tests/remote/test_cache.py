@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import pytest
 
 from sprite_env.ids import ObjectId
 from sprite_env.store import ObjectKind, open_store
-from sprite_env.store.cache import RemotePacks
+from sprite_env.store.cache import PREFETCH_WORKERS, RemotePacks
 from sprite_env.store.reader import PackFiles, read_entries
 from sprite_env.store.remote import RemoteStoreError, push
 
@@ -126,3 +127,36 @@ def test_a_missing_or_damaged_pack(storage: S3Storage, tmp_path) -> None:
     with pytest.raises(RemoteStoreError, match="do not match"):
         cache.open("1" * 64)
     assert os.listdir(tmp_path / "cache") == []  # nothing cached, no partial file
+
+
+def test_a_pin_over_many_packs_fetches_them_at_once(storage: S3Storage, tmp_path) -> None:
+    """A reader of objects in many packs (an export on a fresh machine) has them fetched
+    several at a time, not each in turn as it opens them; the bytes are the same."""
+    objs = _store_of_many_packs(str(tmp_path / "a"), storage)
+    packs = len(storage.list("packs/"))
+    lock = threading.Lock()
+    running, most = [0], [0]
+    real_get = storage.get_file
+
+    def slow_get(name: str, path: str) -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            time.sleep(0.2)  # a download long enough for the others to start
+            real_get(name, path)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    storage.get_file = slow_get  # type: ignore[method-assign]
+    cache = RemotePacks(storage, str(tmp_path / "cache"))
+    files = PackFiles(cache)
+    with open_store(str(tmp_path / "a"), writable=False) as s:
+        ids = [ObjectId(r[0]) for r in s.catalog.query("SELECT id FROM objects")]
+        s.pack_files = files  # the fresh machine's reader: every pack from the bucket
+        with s.pin(ids) as pin:
+            got = dict(zip(ids, pin.read_many(ids), strict=True))
+    assert got == objs
+    assert cache.stats.fetched == packs
+    assert most[0] == min(PREFETCH_WORKERS, packs), most
