@@ -233,6 +233,9 @@ def collect(
     try:
         held.keep_renewed()
         return plan(storage, policy).execute(storage, held)
+    except BaseException:
+        held.release(wait=False)  # the error first, as for a push
+        raise
     finally:
         held.release()
 

@@ -135,6 +135,43 @@ def test_each_writer_keeps_its_newest_generations(storage: S3Storage, tmp_path) 
         _named(storage, head, tmp_path, writer)  # complete and sound
 
 
+def test_a_damaged_or_incomplete_newest_keeps_the_complete_one(
+    storage: S3Storage, tmp_path, expect_log
+) -> None:
+    """keep=1 counts complete generations only: above the writer's good generation sit
+    one whose packs were never uploaded and one whose bytes are damaged. After the grace
+    the damaged one goes, the incomplete one (its writer's newest) stays, and the good one
+    with every pack it names stays too: it is what readers take."""
+    expect_log("generation passed over")
+    from sprite_env.store.remote import Generation, _backup, _file_b3
+
+    policy = GcPolicy(keep=1, grace=GRACE)
+    root, store_dir = str(tmp_path / "layer"), str(tmp_path / "store")
+    trees.build_tree(root, trees.sample_spec())
+    with Engine(root, store_dir) as e:
+        e.create("v0")
+        good = push(e.store, storage).generation
+        _write(root, "x", os.urandom(200_000))
+        e.create("v1")  # its packs are never uploaded
+        early = str(tmp_path / "early.db")
+        _backup(e.store, early)
+        wid = writer_id(e.store)
+    damaged = str(tmp_path / "junk")
+    with open(damaged, "wb") as f:
+        f.write(b"not a catalog")
+    junk = Generation(good.number + 1, wid, "ab" * 32)
+    storage.put_file(junk.name, damaged)
+    incomplete = Generation(good.number + 2, wid, _file_b3(early))
+    storage.put_file(incomplete.name, early)
+    packs = storage.list("packs/")
+    time.sleep(PAST_GRACE)
+    report = collect(storage, wid, policy)
+    assert report.generations == 1  # the damaged one
+    assert sorted(g.name for g in generations(storage)) == sorted([good.name, incomplete.name])
+    assert storage.list("packs/") == packs
+    assert pull(storage, str(tmp_path / "reader")).generation == good
+
+
 def test_remote_deletes_wait_for_the_lease(storage: S3Storage) -> None:
     from sprite_env.store.lease import LeaseHeld
 
