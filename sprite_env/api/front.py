@@ -44,7 +44,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import h11
 
@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 GRACE_S = 0.5
 #: Connections held at once; past this the longest held is handed to the daemon.
 MAX_HELD = 512
+#: Targets answered again after each change (list variants, one per checkpoint asked of).
+MAX_WANTED = 256
 #: Largest request head, as the daemon's (``server.MAX_HEAD``).
 MAX_HEAD = 16 * 1024
 #: Control socket buffers (SO_SNDBUFFORCE as root): a shared answer must fit in one
@@ -103,6 +105,10 @@ class Front:
         #: Answers shared, and connections handed back (tests and logs).
         self.shared = 0
         self.handed = 0
+        #: Targets shared lately, oldest first: answered again after each change.
+        self._wanted: dict[str, None] = {}
+        self._clears = 0
+        self._cleared: Any = None  # a trio.Event while someone waits in changed()
 
     @property
     def alive(self) -> bool:
@@ -149,6 +155,25 @@ class Front:
         except OSError as e:  # cannot be told: it must not answer again
             log.warning("front: cannot clear its answers (%s): stopping it", e)
             self._kill()
+        self._clears += 1
+        if self._cleared is not None:
+            self._cleared.set()
+
+    async def changed(self, seen: int) -> int:
+        """Waits until a :meth:`clear` after the ``seen``-th; returns how many there were."""
+        import trio
+
+        while self._clears == seen:
+            self._cleared = trio.Event()
+            await self._cleared.wait()
+        return self._clears
+
+    def wanted(self) -> list[str]:
+        """The targets shared lately (to share again after a change)."""
+        return list(self._wanted)
+
+    def forget(self, target: str) -> None:
+        self._wanted.pop(target, None)
 
     def offer(self, target: str, content_type: str, body: bytes, generation: int) -> None:
         """Shares the answer to ``target``, valid in ``generation`` (ignored if a change
@@ -157,6 +182,10 @@ class Front:
             return
         t, c = target.encode("latin-1"), content_type.encode("latin-1")
         message = _HEAD.pack(b"S", generation, len(t), len(c)) + t + c + body
+        self._wanted.pop(target, None)
+        self._wanted[target] = None
+        while len(self._wanted) > MAX_WANTED:
+            del self._wanted[next(iter(self._wanted))]
         try:
             self._ctrl.send(message)
             self.shared += 1

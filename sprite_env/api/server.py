@@ -446,9 +446,30 @@ async def serve_listener(
             return False
         return True
 
+    async def refresh(front: Front) -> None:
+        """Right after each change, the targets the front repeated are answered again (by
+        the handler, as a request would be) and shared, so the front has them before
+        clients ask (else the first requests after a change are all the daemon's)."""
+        seen = 0
+        while True:
+            seen = await front.changed(seen)
+            for target in front.wanted():
+                url = urlsplit(target)
+                query = dict(parse_qsl(url.query, keep_blank_values=True))
+                request = Request("GET", url.path, query, {}, b"", None, target)
+                generation = front.generation()
+                try:
+                    response = await handler(request)
+                except Exception:  # (a deleted checkpoint's info): a client gets the error
+                    front.forget(target)
+                    continue
+                if isinstance(response, Response) and response.shareable:
+                    front.offer(target, response.content_type, response.body, generation)
+
     async with trio.open_nursery() as nursery:
         task_status.started()
         if front is not None and front.alive:
+            nursery.start_soon(refresh, front)
             async for sock, primed in front.handed_back(room_for_one):
                 place(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), primed)
         while True:

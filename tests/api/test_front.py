@@ -117,3 +117,28 @@ def test_a_daemon_whose_front_died_accepts_connections_itself(daemon_factory: An
     d.create("v1")
     assert [c["id"] for c in d.json("GET", "/v1/checkpoints")[1]] == ["v1", "v0"]
     assert "front: ended" in d.log()
+
+
+def test_after_a_change_the_front_has_the_new_answers_before_anyone_asks(
+    daemon_factory: Any,
+) -> None:
+    d = daemon_factory("--no-view")
+    d.create("v0")
+    assert d.json("GET", "/v1/checkpoints")[0] == 200  # the front repeats it from now on
+    assert d.json("GET", "/v1/checkpoints/v0")[0] == 200
+    d.create("v1")  # every answer dropped; the daemon answers them again on its own
+    time.sleep(1.0)  # (it takes a few ms: two tiny checkpoints)
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    try:  # only the front can answer while the daemon is stopped; no client asked since
+        status, cps = d.json("GET", "/v1/checkpoints", timeout=5)
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+    assert status == 200
+    assert [c["id"] for c in cps] == ["v1", "v0"]  # never the list from before the change
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    try:
+        status, info = d.json("GET", "/v1/checkpoints/v0", timeout=5)
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+    assert status == 200
+    assert info["is_active"] is False  # v1 is
