@@ -17,6 +17,7 @@
 #include "pagesum.h"
 #include "treescan.h"
 
+int filewrite_add_functions(PyObject *module);  /* filewrite_py.c */
 int treesplice_add_functions(PyObject *module); /* treesplice_py.c */
 int bulkread_add_functions(PyObject *module);   /* bulkread_py.c */
 
@@ -673,6 +674,9 @@ static int native_exec(PyObject *module)
     }
     int rc = PyModule_AddObjectRef(module, "GEAR_SEED", seed);
     Py_DECREF(seed);
+    if (rc == 0) {
+        rc = filewrite_add_functions(module); /* filewrite_py.c */
+    }
     if (rc == 0) {
         rc = treesplice_add_functions(module); /* treesplice_py.c */
     }

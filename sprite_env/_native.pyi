@@ -119,6 +119,26 @@ def tree_splice(old_tree: Buffer, blob: Buffer, added: list[bytes], /) -> bytes:
             names a child the blob does not (or is out of order).
     """
 
+def write_files(
+    files: list[tuple[int, bytes, int, int, int, int, bytes]], objects: dict[bytes, bytes], /
+) -> list[int]:
+    """Creates and writes each file of ``files``, ``(dirfd, name, mode, uid, gid, mtime_ns,
+    chunks)``: ``chunks`` a chunk list as tree objects encode it, the pieces' bytes taken
+    from ``objects`` (an all-zero id is a hole, never written); owner, mode and times set
+    (``O_CREAT | O_EXCL | O_NOFOLLOW``, big files without holes preallocated). The GIL is
+    released while the files are written, in order (filewrite.c).
+
+    Returns:
+        The indices of the files created with extended attributes (inherited: the caller
+        makes them exact).
+
+    Raises:
+        OSError: the first file that failed (with its name; it is removed, and nothing
+            after it is written).
+        ValueError: a malformed chunk list, an object not given or shorter than its piece,
+            a name with a slash.
+    """
+
 def tree_find(tree: Buffer, name: Buffer, /) -> bytes | None:
     """The encoded entry called ``name`` in ``tree``, or None.
 

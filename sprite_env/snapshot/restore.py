@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from sprite_env.errors import SnapshotError, SpriteError
 from sprite_env.ids import ObjectId
-from sprite_env.snapshot import dircache
+from sprite_env.snapshot import bulkrestore, dircache
 from sprite_env.snapshot.capture import Excludes
 from sprite_env.snapshot.diff import (
     Change,
@@ -830,8 +830,13 @@ def restore(
     progress: Progress | None = None,
     refresh_cache: bool = True,
     trees: TreeMemo | None = None,
+    bulk: bool = True,
 ) -> RestoreResult:
     """Makes the tree at ``root`` equal to ``target_top``; see the module docstring.
+
+    Into an empty directory (``live_top`` None, no files-cache rows wanted: an export) it
+    is a bulk restore instead (``bulkrestore.py``: no diff, files written in batches by
+    native code), unless ``bulk`` is false.
 
     Args:
         root: the live tree.
@@ -846,12 +851,22 @@ def restore(
         progress: called with the counters, at most every 0.1 s.
         refresh_cache: compute files-cache rows for what was written (skip for an export).
         trees: trees already decoded (a preflight's), by id; those decoded here are added.
+        bulk: take the bulk path where it applies (False: the oracle of its tests).
 
     Returns:
         Counters, warnings, and the files-cache rows to write.
     """
+    broot = os.fsencode(root)
+    if bulk and live_top is None and not refresh_cache and bulkrestore.available():
+        with os.scandir(broot) as it:
+            empty = next(it, None) is None
+        if empty:
+            result = RestoreResult(RestoreStats())
+            target = top_entry(read_tree, target_top)
+            bulkrestore.restore_into_empty(broot, read_tree, read_object, target, result, progress)
+            return result
     return Restorer(
-        os.fsencode(root),
+        broot,
         read_tree,
         read_object,
         excludes=excludes,

@@ -1,0 +1,222 @@
+"""The bulk restore into an empty directory (``snapshot/bulkrestore.py``, an export) is
+exact: every fact the tree oracle sees, as the diff restore writes it (its oracle here);
+and it writes its files in batches through the native writer."""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+from typing import TYPE_CHECKING
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from sprite_env._native import write_files
+from sprite_env.checkpoints import Engine
+from sprite_env.snapshot import bulkrestore
+from sprite_env.snapshot.restore import restore
+from sprite_env.snapshot.tree import encode_chunks
+from sprite_env.store.codec import object_id
+from tests.helpers import trees
+from tests.helpers.strategies import trees as tree_specs
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from sprite_env.ids import ObjectId
+    from tests.helpers.trees import Node
+
+
+@pytest.fixture
+def layer(tmp_path: os.PathLike[str]) -> Iterator[tuple[str, Engine]]:
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    os.mkdir(root)
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        yield root, e
+
+
+def _both(engine: Engine, cid: str, where: str) -> tuple[str, str, object, object]:
+    """Exports ``cid`` with the bulk path and with the diff restore; their counters."""
+    bulk, slow = os.path.join(where, "bulk"), os.path.join(where, "slow")
+    os.mkdir(bulk)
+    os.mkdir(slow)
+    stats = engine.export(cid, bulk)
+    top = engine.info(cid).top_tree
+    res = restore(
+        slow, engine.store.read, engine.store.read, None, top, refresh_cache=False, bulk=False
+    )
+    return bulk, slow, stats, res.stats
+
+
+def test_the_sample_tree_is_exported_exactly(layer: tuple[str, Engine], tmp_path: object) -> None:
+    """Every feature: hard links across directories, devices, FIFOs, whiteouts, sparse
+    files (holes kept), xattrs of every namespace, special mode bits, owners, ns mtimes,
+    non-UTF-8 names, directory mtimes (set after their contents)."""
+    root, engine = layer
+    trees.build_tree(root, trees.sample_spec())
+    engine.create()
+    where = os.path.join(os.fspath(tmp_path), "out")  # type: ignore[call-overload]
+    os.mkdir(where)
+    bulk, slow, fast_stats, slow_stats = _both(engine, "v0", where)
+    trees.assert_trees_equal(root, bulk, check_holes="exact")
+    trees.assert_trees_equal(slow, bulk, check_holes="exact")
+    assert fast_stats == slow_stats
+
+
+def test_an_export_writes_files_in_native_batches(
+    layer: tuple[str, Engine], tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """500 small files in 3 directories: a handful of native calls, not one per file."""
+    root, engine = layer
+    for d in range(3):
+        os.mkdir(os.path.join(root, f"d{d}"))
+        for i in range(500 // 3):
+            with open(os.path.join(root, f"d{d}", f"f{i}"), "wb") as f:
+                f.write(os.urandom(100 + i))
+    engine.create()
+    calls: list[int] = []
+    real = bulkrestore._write_files
+    assert real is not None
+
+    def counted(
+        files: list[tuple[int, bytes, int, int, int, int, bytes]], objects: dict[bytes, bytes]
+    ) -> list[int]:
+        calls.append(len(files))
+        return real(files, objects)
+
+    monkeypatch.setattr(bulkrestore, "_write_files", counted)
+    dest = os.path.join(os.fspath(tmp_path), "out")  # type: ignore[call-overload]
+    os.mkdir(dest)
+    engine.export("v0", dest)
+    trees.assert_trees_equal(root, dest)
+    assert sum(calls) == 3 * (500 // 3)
+    assert len(calls) <= 6
+
+
+def test_inherited_xattrs_are_removed(layer: tuple[str, Engine], tmp_path: object) -> None:
+    """A default ACL on the destination gives new files and directories ACLs of their own;
+    the export leaves exactly the captured xattrs (none here)."""
+    root, engine = layer
+    trees.build_tree(root, {"a": trees.File(b"x", mode=0o640), "d/b": trees.File(b"y")})
+    engine.create()
+    dest = os.path.join(os.fspath(tmp_path), "out")  # type: ignore[call-overload]
+    os.mkdir(dest)
+    # system.posix_acl_default: version 2, then (tag, perm, id) entries: user::rwx,
+    # group::r-x, other::r-x, and a named user 1234 with rwx plus the mask it needs
+    acl = struct.pack("<I", 2) + b"".join(
+        struct.pack("<HHI", tag, perm, ident)
+        for tag, perm, ident in [
+            (0x01, 7, 0xFFFFFFFF),
+            (0x02, 7, 1234),
+            (0x04, 5, 0xFFFFFFFF),
+            (0x10, 7, 0xFFFFFFFF),
+            (0x20, 5, 0xFFFFFFFF),
+        ]
+    )
+    os.setxattr(dest, b"system.posix_acl_default", acl)
+    probe = os.path.join(dest, "probe")
+    with open(probe, "wb"):
+        pass
+    if not os.listxattr(probe):
+        pytest.skip("no ACL inheritance on this file system")
+    os.unlink(probe)
+    engine.export("v0", dest)
+    for p in ("a", "d", "d/b"):
+        assert os.listxattr(os.path.join(dest, p), follow_symlinks=False) == [], p
+    trees.assert_trees_equal(root, dest)
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(spec=tree_specs(max_entries=30))
+def test_bulk_equals_the_diff_restore(spec: dict[bytes, Node]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = os.path.join(tmp, "layer")
+        os.mkdir(root)
+        trees.build_tree(root, spec)
+        with Engine(root, os.path.join(tmp, "store")) as engine:
+            engine.create()
+            bulk, slow, fast_stats, slow_stats = _both(engine, "v0", tmp)
+        trees.assert_trees_equal(root, bulk, check_holes="exact")
+        trees.assert_trees_equal(slow, bulk, check_holes="exact")
+        assert fast_stats == slow_stats
+
+
+# -- the native writer alone ----------------------------------------------------------------
+
+
+def _objects(*data: bytes) -> tuple[dict[bytes, bytes], list[ObjectId]]:
+    ids = [object_id(d) for d in data]
+    return dict(zip(ids, data, strict=True)), ids
+
+
+def test_write_files_writes_pieces_holes_and_metadata(tmp_path: object) -> None:
+    d = os.fspath(tmp_path)  # type: ignore[call-overload]
+    objects, (a, b) = _objects(b"A" * 5000, b"0123456789")
+    big = 3 << 20
+    chunks = encode_chunks([(a, 100, 4000), (None, 0, big), (b, 2, 5), (None, 0, 4096)])
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fix = write_files(
+            [
+                (fd, b"sparse", 0o4751, 0, 0, -1_500_000_001, chunks),
+                (fd, b"empty", 0o600, 1234, 56, 7, b""),
+            ],
+            objects,
+        )
+    finally:
+        os.close(fd)
+    assert fix == []
+    p = os.path.join(d, "sparse")
+    st = os.stat(p)
+    assert st.st_size == 4000 + big + 5 + 4096
+    assert (oct(st.st_mode & 0o7777), st.st_mtime_ns, st.st_atime_ns) == (
+        "0o4751",
+        -1_500_000_001,
+        -1_500_000_001,
+    )
+    with open(p, "rb") as f:
+        data = f.read()
+    assert data == b"A" * 4000 + bytes(big) + b"23456" + bytes(4096)
+    assert st.st_blocks * 512 < 1 << 20  # the holes were not written
+    st = os.stat(os.path.join(d, "empty"))
+    assert (st.st_size, st.st_uid, st.st_gid, st.st_mtime_ns) == (0, 1234, 56, 7)
+
+
+def test_write_files_refuses_and_names_what_it_cannot_write(tmp_path: object) -> None:
+    d = os.fspath(tmp_path)  # type: ignore[call-overload]
+    objects, (a,) = _objects(b"abc")
+    one = encode_chunks([(a, 0, 3)])
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.symlink("/etc/passwd", os.path.join(d, "planted"))
+        with pytest.raises(FileExistsError) as exc:  # O_EXCL: never through a symlink
+            write_files(
+                [
+                    (fd, b"ok", 0o644, 0, 0, 0, one),
+                    (fd, b"planted", 0o644, 0, 0, 0, one),
+                    (fd, b"after", 0o644, 0, 0, 0, one),
+                ],
+                objects,
+            )
+        assert exc.value.filename == b"planted"
+        assert os.path.exists(os.path.join(d, "ok"))
+        assert not os.path.exists(os.path.join(d, "after"))  # nothing after the failure
+        with pytest.raises(ValueError, match="not given"):
+            write_files(
+                [(fd, b"x", 0o644, 0, 0, 0, encode_chunks([(object_id(b"?"), 0, 1)]))], objects
+            )
+        with pytest.raises(ValueError, match="shorter"):
+            write_files([(fd, b"x", 0o644, 0, 0, 0, encode_chunks([(a, 1, 3)]))], objects)
+        with pytest.raises(ValueError, match="one component"):
+            write_files([(fd, b"a/b", 0o644, 0, 0, 0, one)], objects)
+        with pytest.raises(ValueError, match="chunk list"):
+            write_files([(fd, b"x", 0o644, 0, 0, 0, one[:-1])], objects)
+        assert not os.path.exists(os.path.join(d, "x"))
+    finally:
+        os.close(fd)
