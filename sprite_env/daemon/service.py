@@ -54,6 +54,8 @@ from sprite_env.snapshot import plan
 from sprite_env.snapshot.paths import entry_json, show
 from sprite_env.snapshot.tree import Kind
 from sprite_env.store.check import stats as store_stats
+from sprite_env.store.lease import Lease
+from sprite_env.store.remote import ObjectStorage, writer_id
 
 if TYPE_CHECKING:
     import argparse
@@ -940,21 +942,30 @@ async def run(
             engine.journal = journal
             if isinstance(journal, NoJournal):
                 log.info("%s: every checkpoint walks the whole layer", journal.reason)
+            lease: Lease | None = None
             try:
                 supervisor = Supervisor(config.env_root, os.path.join(state, "services"))
                 env = Environment(supervisor, config.overlay)
                 activity = ActivityLog(os.path.join(state, "activity.jsonl"))
                 daemon = Daemon(config, engine, activity, env)
                 daemon.lock_fd = lock_fd
+                storage: ObjectStorage | None = None
+                if config.remote is not None:  # before anything serves: a second daemon
+                    storage = await trio.to_thread.run_sync(config.remote.storage)
+                    wid = writer_id(engine.store)  # on this prefix stops here (LeaseHeld)
+                    lease = await trio.to_thread.run_sync(Lease.acquire, storage, wid)
+                    lease.keep_renewed()
                 if config.overlay is not None:
                     await trio.to_thread.run_sync(freeze.thaw_leftovers)
                 async with trio.open_nursery() as services:
                     services.start_soon(_poll_journal, journal)
                     await services.start(supervisor.run)
                     await _finish_interrupted(daemon)
-                    if config.remote is not None:  # after a restore resumed: it commits
-                        storage = await trio.to_thread.run_sync(config.remote.storage)
-                        daemon.uploader = Uploader(engine, storage, on_change=daemon._drop_answers)
+                    if storage is not None:  # after a restore resumed: it commits
+                        daemon.uploader = Uploader(
+                            engine, storage, lease=lease, on_change=daemon._drop_answers
+                        )
+                        lease = None  # the uploader's now: it releases it when it stops
                         await services.start(daemon.uploader.run)
                     await env.up()
                     await _serve(daemon, signals, task_status)
@@ -964,6 +975,8 @@ async def run(
                     await _shutdown_checkpoint(daemon)
                     services.cancel_scope.cancel()
             finally:
+                if lease is not None:  # the start failed before the uploader took it
+                    lease.release()
                 journal.close()
                 engine.close()
     finally:

@@ -41,7 +41,14 @@ import trio
 from sprite_env.api import events
 from sprite_env.api.problems import Problem, problem_for
 from sprite_env.errors import SpriteError, UserError
-from sprite_env.store.remote import PushProgress, durable_checkpoints, push, record_durable
+from sprite_env.store.lease import Lease, LeaseLost
+from sprite_env.store.remote import (
+    PushProgress,
+    durable_checkpoints,
+    push,
+    record_durable,
+    writer_id,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -104,10 +111,16 @@ class Uploader:
         engine: Engine,
         storage: ObjectStorage,
         *,
+        lease: Lease | None = None,
         on_change: Callable[[], None] | None = None,
     ) -> None:
         self.engine = engine
         self.storage = storage
+        # The prefix's lease, held (and renewed by its thread) from the daemon's start to
+        # its clean stop: every push commits under it, with no per-push settle (1 s). One
+        # lost (not renewed in time) is dropped and taken again before the next push.
+        self.lease = lease
+        self._leased = lease is not None
         self.on_change = on_change
         self.state = "starting"  # starting, idle, uploading, retrying, stopped
         self.last_error: str | None = None
@@ -227,6 +240,10 @@ class Uploader:
                 self._pushed(ids, report)
         finally:
             self._set(state="stopped", next_attempt=None)  # waiters hear it
+            lease, self.lease = self.lease, None
+            if lease is not None:  # a clean stop frees the prefix for the next daemon
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(lease.release)
 
     def _push_if_behind(self) -> tuple[frozenset[str], PushReport] | None:
         """In a worker thread: one push if the checkpoints differ from the durable record."""
@@ -234,7 +251,17 @@ class Uploader:
         if ids == self._durable:
             return None
         self._from_thread(self._set, state="uploading", progress=None)
-        return push_checkpoints(self.engine, self.storage, self._on_progress)
+        if self._leased and self.lease is None:  # lost: taken again (LeaseHeld if not)
+            lease = Lease.acquire(self.storage, writer_id(self.engine.store))
+            lease.keep_renewed()
+            self.lease = lease
+        try:
+            return push_checkpoints(self.engine, self.storage, self._on_progress, self.lease)
+        except LeaseLost:
+            lost, self.lease = self.lease, None
+            if lost is not None:
+                lost.release(wait=False)
+            raise
 
     def _on_progress(self, p: PushProgress) -> None:
         if self._stopping:
@@ -297,7 +324,10 @@ class Uploader:
 
 
 def push_checkpoints(
-    engine: Engine, storage: ObjectStorage, progress: Callable[[PushProgress], None] | None
+    engine: Engine,
+    storage: ObjectStorage,
+    progress: Callable[[PushProgress], None] | None,
+    lease: Lease | None = None,
 ) -> tuple[frozenset[str], PushReport]:
     """One push of ``engine``'s store, then the record of the checkpoints it made remote
     (blocks). The ids are listed before the push: each was committed before the push's
@@ -307,7 +337,7 @@ def push_checkpoints(
         as :func:`~sprite_env.store.remote.push`.
     """
     ids = frozenset(c.id for c in engine.checkpoints(include_auto=True))
-    report = push(engine.store, storage, progress=progress)
+    report = push(engine.store, storage, progress=progress, lease=lease)
     record_durable(engine.store, report.generation, ids)
     return ids, report
 

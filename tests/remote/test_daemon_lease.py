@@ -1,0 +1,64 @@
+"""The daemon holds the prefix's lease for its whole run (issue 14, point 5), through real
+daemon subprocesses and the real Swift: a second daemon on the same prefix is refused at
+start while the first keeps uploading; after the first stops cleanly the second starts."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from sprite_env.store.lease import holders
+
+if TYPE_CHECKING:
+    from sprite_env.store.s3 import S3Storage
+
+
+def _url(storage: S3Storage) -> str:
+    return f"s3://{storage.url.bucket}/{storage.url.prefix}"
+
+
+def _write(root: str, rel: str, data: bytes) -> None:
+    path = os.path.join(root, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _create_remote(d: Any, comment: str) -> dict[str, Any]:
+    status, evs = d.stream("POST", "/v1/checkpoint", {"comment": comment, "wait_remote": True})
+    assert status == 200, (evs, d.log())
+    assert evs[-1]["type"] == "complete", (evs, d.log())
+    assert evs[-1]["checkpoint"]["storage"] == "remote", evs
+    return dict(evs[-1])
+
+
+def test_a_second_daemon_is_refused_at_start_and_starts_after_the_first_stops(
+    daemon_factory: Any, storage: S3Storage, tmp_path: Any
+) -> None:
+    base = os.fspath(tmp_path)
+    first = daemon_factory("--store", _url(storage), "--no-view")
+    held = holders(storage)
+    assert len(held) == 1, held  # taken at start, before any push
+    assert held[0].pid == first.proc.pid
+
+    kw = {"root": os.path.join(base, "root2"), "state": os.path.join(base, "state2")}
+    second = daemon_factory("--store", _url(storage), "--no-view", wait=False, **kw)
+    assert second.proc.wait(60) == 4, second.log()  # LeaseHeld: as StoreLocked
+    log = second.log()
+    assert "is held by" in log, log
+    assert str(first.proc.pid) in log, log  # the holder named
+    assert not os.path.exists(second.socket)  # it never served
+    assert [h.key for h in holders(storage)] == [held[0].key]  # nothing of its own left
+
+    # The first keeps uploading under the lease it took at start, no new lock per push.
+    _write(first.root, "a/file", os.urandom(100_000))
+    _create_remote(first, "first's")
+    assert [h.key for h in holders(storage)] == [held[0].key]
+
+    assert first.stop() == 0, first.log()
+    assert holders(storage) == []  # released at a clean stop
+
+    again = daemon_factory("--store", _url(storage), "--no-view", **kw)
+    _write(again.root, "b/file", b"second's")
+    _create_remote(again, "second's")
+    assert [h.pid for h in holders(storage)] == [again.proc.pid]
