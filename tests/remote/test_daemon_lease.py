@@ -5,6 +5,7 @@ start while the first keeps uploading; after the first stops cleanly the second 
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 from sprite_env.store.lease import holders
@@ -62,3 +63,27 @@ def test_a_second_daemon_is_refused_at_start_and_starts_after_the_first_stops(
     _write(again.root, "b/file", b"second's")
     _create_remote(again, "second's")
     assert [h.pid for h in holders(storage)] == [again.proc.pid]
+
+
+def test_a_sigkilled_holders_lease_goes_stale_and_a_new_daemon_takes_it(
+    daemon_factory: Any, storage: S3Storage, tmp_path: Any
+) -> None:
+    # 10 s stale, renewed every second: the dead holder's lock ages out within the test,
+    # and a refused daemon's start (a few seconds on 2 loaded cores) still finds it live.
+    env = {"SPRITE_ENV_LEASE_STALE": "10", "SPRITE_ENV_LEASE_REFRESH": "1"}
+    base = os.fspath(tmp_path)
+    first = daemon_factory("--store", _url(storage), "--no-view", env=env)
+    _write(first.root, "a/file", os.urandom(50_000))
+    _create_remote(first, "first's")
+    first.kill()  # SIGKILL: no release, its lock stays in the bucket
+    killed = time.monotonic()
+    assert [h.pid for h in holders(storage)] == [first.proc.pid]
+
+    kw = {"root": os.path.join(base, "root2"), "state": os.path.join(base, "state2")}
+    refused = daemon_factory("--store", _url(storage), "--no-view", wait=False, env=env, **kw)
+    assert refused.proc.wait(60) == 4, refused.log()  # still live: refused
+    time.sleep(max(0.0, killed + 11.0 - time.monotonic()))  # stale: 10 s + the clock's 1 s
+    again = daemon_factory("--store", _url(storage), "--no-view", env=env, **kw)
+    assert [h.pid for h in holders(storage)] == [again.proc.pid]  # the stale one removed
+    _write(again.root, "b/file", b"second's")
+    _create_remote(again, "second's")
