@@ -49,6 +49,7 @@ from sprite_env.store.remote import (
     record_durable,
     writer_id,
 )
+from sprite_env.store.remote_gc import collect
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -121,6 +122,10 @@ class Uploader:
         # lost (not renewed in time) is dropped and taken again before the next push.
         self.lease = lease
         self._leased = lease is not None
+        # Remote deletes (remote_gc.collect) are due after a push that dropped checkpoints,
+        # and stay due until a run deletes something: objects under the grace (1 h by
+        # default) are freed by a run after a later push.
+        self._gc_due = False
         self.on_change = on_change
         self.state = "starting"  # starting, idle, uploading, retrying, stopped
         self.last_error: str | None = None
@@ -256,12 +261,30 @@ class Uploader:
             lease.keep_renewed()
             self.lease = lease
         try:
-            return push_checkpoints(self.engine, self.storage, self._on_progress, self.lease)
+            done = push_checkpoints(self.engine, self.storage, self._on_progress, self.lease)
         except LeaseLost:
             lost, self.lease = self.lease, None
             if lost is not None:
                 lost.release(wait=False)
             raise
+        if self._durable - done[0]:
+            self._gc_due = True
+        if self._gc_due and self.lease is not None:
+            self._collect(self.lease)
+        return done
+
+    def _collect(self, lease: Lease) -> None:
+        """Remote deletes under the held lease; a failure is logged and tried after the
+        next push (the push itself succeeded)."""
+        try:
+            report = collect(self.storage, lease.writer, lease=lease)
+        except (SpriteError, OSError) as e:
+            log.warning(
+                "remote deletes on %r failed (tried after the next push): %s", self.storage, e
+            )
+            return
+        if report.generations or report.packs:
+            self._gc_due = False
 
     def _on_progress(self, p: PushProgress) -> None:
         if self._stopping:

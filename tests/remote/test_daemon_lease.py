@@ -4,11 +4,14 @@ start while the first keeps uploading; after the first stops cleanly the second 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import TYPE_CHECKING, Any
 
 from sprite_env.store.lease import holders
+from sprite_env.store.remote import generations, pull
+from tests.helpers.cli import run_cli
 
 if TYPE_CHECKING:
     from sprite_env.store.s3 import S3Storage
@@ -87,3 +90,41 @@ def test_a_sigkilled_holders_lease_goes_stale_and_a_new_daemon_takes_it(
     assert [h.pid for h in holders(storage)] == [again.proc.pid]  # the stale one removed
     _write(again.root, "b/file", b"second's")
     _create_remote(again, "second's")
+
+
+def test_a_deletes_push_frees_the_superseded_generations_and_keeps_the_newest(
+    daemon_factory: Any, storage: S3Storage, tmp_path: Any
+) -> None:
+    # Grace 0 and one generation kept: the run after the delete's push frees at once.
+    env = {"SPRITE_ENV_REMOTE_GRACE": "0", "SPRITE_ENV_REMOTE_KEEP": "1"}
+    d = daemon_factory("--store", _url(storage), "--no-view", env=env)
+    _write(d.root, "a/file", os.urandom(50_000))
+    _create_remote(d, "kept")
+    _write(d.root, "b/file", os.urandom(50_000))
+    _create_remote(d, "deleted")
+    _write(d.root, "c/file", b"newest")
+    _create_remote(d, "newest")  # the head: v1 is not it, so it may be deleted
+    assert len(generations(storage)) == 3  # no delete pushed yet: nothing collected
+    status, _ = d.json("DELETE", "/v1/checkpoints/v1")
+    assert status == 200
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(generations(storage)) != 4:
+        time.sleep(0.1)
+    # The run right after the delete's push may find the newest generation 0 s old by the
+    # server's whole-second clock (nothing superseded yet): deletes stay due, and the run
+    # after the next push frees them.
+    time.sleep(1.5)
+    _write(d.root, "d/file", b"later")
+    _create_remote(d, "later")
+    while time.monotonic() < deadline and min(g.number for g in generations(storage)) < 3:
+        time.sleep(0.1)
+    gens = generations(storage)
+    # The three before the delete's left the bucket (grace 0, keep 1); the newest stays.
+    assert sorted(g.number for g in gens)[0] >= 3, (gens, d.log())
+    assert max(g.number for g in gens) == 4
+    pulled = os.path.join(os.fspath(tmp_path), "pulled")
+    pull(storage, pulled)  # everything the newest names is still there
+    r = run_cli("--root", d.root, "--store", pulled, "checkpoints", "list", "--json")
+    assert sorted(c["id"] for c in json.loads(r.stdout)) == ["v0", "v2", "v3"], r.stderr
+    r = run_cli("--root", d.root, "--store", pulled, "store", "check", "--read-data")
+    assert r.returncode == 0, r.stdout + r.stderr
