@@ -24,6 +24,12 @@ downloads the pack from the bucket first. So a machine that pulled only a catalo
   here (a rename), and it may be evicted like any fetched pack. So the bound never
   pushes out the only copy of a pack.
 
+- A disk that fills before the bound is reached (the cache shares it with the layer, or
+  the bound is larger than the disk): a download that fails with ``ENOSPC`` unlinks the
+  least recently opened entries until the pack fits and is tried once more; if the disk
+  still cannot hold it, the error says where and what to do (:class:`CacheFull`). The
+  partial download is removed either way.
+
 Errors: a pack the bucket does not have is ``FileNotFoundError`` (the ``PackOpener``
 contract: the reader reports it as a missing pack); a failed request is
 :class:`~sprite_env.store.s3.RemoteError`; bytes that do not match the name are
@@ -33,6 +39,7 @@ contract: the reader reports it as a missing pack); a failed request is
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 from collections import OrderedDict
@@ -41,6 +48,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sprite_env import privacy
+from sprite_env.errors import StoreError
 from sprite_env.ids import PackName
 from sprite_env.store.pack import pack_path
 from sprite_env.store.remote import fetch_verified
@@ -67,6 +75,10 @@ class CacheStats:
     fetched: int = 0
     bytes_fetched: int = 0
     evicted: int = 0
+
+
+class CacheFull(StoreError):
+    """The cache's disk cannot hold a pack even with every other entry gone."""
 
 
 class RemotePacks:
@@ -208,7 +220,7 @@ class RemotePacks:
                 return fd
             path = pack_path(self.dir, name)
             try:
-                fetch_verified(self.storage, f"packs/{name}.pack", path, name)
+                self._fetch(name, path)
             except RemoteNotFound:
                 raise FileNotFoundError(f"pack {name} is not in {self.storage!r}") from None
             finally:
@@ -252,6 +264,37 @@ class RemotePacks:
         with ThreadPoolExecutor(min(PREFETCH_WORKERS, len(chosen)), "pack-fetch") as pool:
             list(pool.map(fetch, chosen))
 
+    def _fetch(self, name: PackName, path: str) -> None:
+        """The download, with room made on a full disk (see the module docstring)."""
+        try:
+            fetch_verified(self.storage, f"packs/{name}.pack", path, name)
+            return
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+        need = self.size(name) or 0
+        with self._lock:
+            freed = 0
+            for victim in list(self._entries):
+                if need and freed >= need:
+                    break
+                freed += self._entries.pop(victim)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(pack_path(self.dir, victim))
+                self.stats.evicted += 1
+                if self.on_evict is not None:
+                    self.on_evict(PackName(victim))
+        try:
+            fetch_verified(self.storage, f"packs/{name}.pack", path, name)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            raise CacheFull(
+                f"the pack cache {self.dir} is on a full disk: pack {name} ({need} bytes) "
+                "does not fit even with the rest of the cache removed; free space there "
+                "or give the cache another disk"
+            ) from None
+
     def _open_cached(self, name: str) -> int | None:
         with self._lock:
             if name not in self._entries:
@@ -283,4 +326,4 @@ class RemotePacks:
                 self.on_evict(PackName(victim))
 
 
-__all__ = ["DEFAULT_MAX_BYTES", "CacheStats", "RemotePacks"]
+__all__ = ["DEFAULT_MAX_BYTES", "CacheFull", "CacheStats", "RemotePacks"]

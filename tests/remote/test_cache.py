@@ -4,15 +4,16 @@ the real Swift: a fresh machine reads by fetching only the packs it touches."""
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
 from typing import TYPE_CHECKING
 
 import pytest
 
-from sprite_env.ids import ObjectId
+from sprite_env.ids import ObjectId, PackName
 from sprite_env.store import ObjectKind, open_store
-from sprite_env.store.cache import PREFETCH_WORKERS, RemotePacks
+from sprite_env.store.cache import PREFETCH_WORKERS, CacheFull, RemotePacks
 from sprite_env.store.reader import PackFiles, read_entries
 from sprite_env.store.remote import RemoteStoreError, push
 
@@ -160,3 +161,37 @@ def test_a_pin_over_many_packs_fetches_them_at_once(storage: S3Storage, tmp_path
     assert got == objs
     assert cache.stats.fetched == packs
     assert most[0] == min(PREFETCH_WORKERS, packs), most
+
+
+def test_a_full_disk_under_the_cache_makes_room_or_says_so(storage: S3Storage, tmp_path) -> None:
+    """The cache's disk fills before its bound: the oldest entries make room for the pack
+    being fetched; a disk too small for one pack is a clear error and leaves no part."""
+    objs = _store_of_many_packs(str(tmp_path / "a"), storage)
+    biggest = max(storage.list("packs/").values())
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    size = 3 * biggest + (8 << 10)  # room for three packs, not for ten
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)]
+    ).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        cache = RemotePacks(storage, str(disk / "cache"))  # a 2 GiB bound: never reached
+        files = PackFiles(cache, max_idle=0)
+        assert _read_all(str(tmp_path / "a"), files) == objs
+        assert cache.stats.evicted > 0
+        assert not [f for f in os.listdir(disk / "cache") if f.endswith(".part")]
+        files.close()
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(tiny)], check=True)
+    try:
+        cache = RemotePacks(storage, str(tiny / "cache"))
+        name = PackName(min(k[len("packs/") : -len(".pack")] for k in storage.list("packs/")))
+        with pytest.raises(CacheFull, match="full disk"):
+            cache.open(name)
+        assert os.listdir(tiny / "cache") == []
+    finally:
+        subprocess.run(["umount", str(tiny)], check=True)
