@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING
 
 from sprite_env.errors import SnapshotError, SpriteError
 from sprite_env.ids import ObjectId
-from sprite_env.snapshot.fsmeta import O_DIR, apply_meta, check_name, syncfs
-from sprite_env.snapshot.tree import Kind, Piece, TreeEntry, decode_chunks, decode_tree
+from sprite_env.snapshot.fsmeta import O_DIR, apply_meta, check_name, pwrite_piece, syncfs
+from sprite_env.snapshot.tree import Kind, Piece, TreeEntry, decode_chunks, decode_tree, placed
 from sprite_env.store.ports import ObjectReader, reader_of
 
 if TYPE_CHECKING:
@@ -381,14 +381,9 @@ class BulkRestorer:
                 # one extent up front (a file system without it just grows the file)
                 with contextlib.suppress(OSError):
                     os.posix_fallocate(out, 0, size)
-            placed: list[tuple[int, Piece]] = []
-            pos = 0
-            for piece in pieces:
-                if piece[0] is not None:  # a hole is never written: the file stays sparse
-                    placed.append((pos, piece))
-                pos += piece[2]
-            self._write_pieces(out, placed)
-            os.ftruncate(out, pos)
+            data, end = placed(pieces)
+            self._write_pieces(out, data)
+            os.ftruncate(out, end)
             apply_meta(
                 dfd, e.name, stat.S_IFREG, e.mode, e.uid, e.gid, e.mtime_ns, e.xattrs, fd=out
             )
@@ -421,16 +416,10 @@ class BulkRestorer:
             ids = list(window)
             got = dict(zip(ids, self.reader.read_many(ids), strict=True))
             written = 0
-            for at, (oid, off, n) in placed[k:j]:
-                assert oid is not None
-                view = memoryview(got[oid])[off : off + n]
-                if len(view) != n:
-                    raise SnapshotError(f"chunk {oid.hex()[:16]} is shorter than its piece")
-                while view:
-                    w = os.pwrite(out, view, at)
-                    view = view[w:]
-                    at += w
-                written += n
+            for at, piece in placed[k:j]:
+                assert piece[0] is not None
+                pwrite_piece(out, got[piece[0]], piece, at)
+                written += piece[2]
             with self._lock:
                 self.stats.bytes_written += written
             k = j

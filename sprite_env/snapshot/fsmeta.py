@@ -13,8 +13,12 @@ import ctypes
 import errno
 import os
 import stat
+from typing import TYPE_CHECKING
 
 from sprite_env.errors import SnapshotError
+
+if TYPE_CHECKING:
+    from sprite_env.snapshot.tree import Piece
 
 Xattrs = tuple[tuple[bytes, bytes], ...]
 
@@ -45,6 +49,23 @@ def proc_path(dirfd: int, name: bytes) -> bytes:
 def open_dir(dirfd: int, name: bytes) -> int:
     """Opens a subdirectory; fails (ELOOP/ENOTDIR) if ``name`` is a symlink or not a dir."""
     return os.open(check_name(name), O_DIR, dir_fd=dirfd)
+
+
+def pwrite_piece(fd: int, data: bytes, piece: Piece, at: int) -> None:
+    """Writes ``piece``'s slice of its object's bytes ``data`` at offset ``at``, whole.
+
+    Raises:
+        SnapshotError: the object is shorter than the piece says.
+    """
+    oid, off, n = piece
+    view = memoryview(data)[off : off + n]
+    if len(view) != n:
+        name = oid.hex()[:16] if oid is not None else "hole"
+        raise SnapshotError(f"chunk {name} is shorter than its piece")
+    while view:
+        w = os.pwrite(fd, view, at)
+        view = view[w:]
+        at += w
 
 
 def read_xattrs(target: int | bytes, *, follow: bool = False) -> Xattrs:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from sprite_env.errors import SnapshotError, SpriteError
+from sprite_env.errors import SpriteError
 from sprite_env.ids import ObjectId
 from sprite_env.snapshot import bulkrestore, dircache
 from sprite_env.snapshot.capture import Excludes
@@ -53,9 +53,10 @@ from sprite_env.snapshot.fsmeta import (
     check_name,
     open_dir,
     proc_path,
+    pwrite_piece,
     syncfs,
 )
-from sprite_env.snapshot.tree import Kind, Piece, TreeEntry, decode_chunks
+from sprite_env.snapshot.tree import Kind, Piece, TreeEntry, decode_chunks, placed
 from sprite_env.store.faults import crashpoint
 from sprite_env.store.ports import ObjectReader, reader_of
 
@@ -409,7 +410,8 @@ class Restorer:
         (consecutive slices of one object read it once)."""
         ahead: dict[ObjectId, bytes] = getattr(self._ahead, "objects", {})
         window: dict[ObjectId, bytes] = {}
-        for k, (at, (oid, off, n)) in enumerate(placed):
+        for k, (at, piece) in enumerate(placed):
+            oid = piece[0]
             assert oid is not None
             data = ahead.get(oid)
             if data is None:
@@ -417,15 +419,9 @@ class Restorer:
             if data is None:
                 window = self._read_window(placed, k, ahead)
                 data = window[oid]
-            view = memoryview(data)[off : off + n]
-            if len(view) != n:
-                raise SnapshotError(f"chunk {oid.hex()[:16]} is shorter than its piece")
-            while view:
-                k = os.pwrite(out, view, at)
-                view = view[k:]
-                at += k
+            pwrite_piece(out, data, piece, at)
             with self._lock:
-                self.stats.bytes_written += n
+                self.stats.bytes_written += piece[2]
 
     def _read_window(
         self, placed: list[tuple[int, Piece]], k: int, ahead: dict[ObjectId, bytes]
@@ -518,14 +514,9 @@ class Restorer:
             dir_fd=fd,
         )
         try:
-            placed: list[tuple[int, Piece]] = []
-            pos = 0
-            for piece in chunks:
-                if piece[0] is not None:  # a hole is never written: the file stays sparse
-                    placed.append((pos, piece))
-                pos += piece[2]
-            self._write_pieces(out, placed)
-            os.ftruncate(out, pos)
+            data, end = placed(chunks)
+            self._write_pieces(out, data)
+            os.ftruncate(out, end)
             apply_meta(fd, tmp, stat.S_IFREG, e.mode, e.uid, e.gid, e.mtime_ns, e.xattrs, fd=out)
         finally:
             os.close(out)

@@ -120,6 +120,18 @@ class TreeEntry:
         )
 
 
+def placed(pieces: Iterable[Piece]) -> tuple[list[tuple[int, Piece]], int]:
+    """A chunk list's data pieces at their offsets in the file, and the file's length.
+    Holes are left out: a restore never writes them, so the file stays sparse."""
+    out: list[tuple[int, Piece]] = []
+    pos = 0
+    for piece in pieces:
+        if piece[0] is not None:
+            out.append((pos, piece))
+        pos += piece[2]
+    return out, pos
+
+
 def encode_chunks(pieces: Iterable[Piece]) -> bytes:
     """Encodes a chunk list; ``None`` ids are holes."""
     return b"".join(_CHUNK.pack(oid or HOLE, off, n) for oid, off, n in pieces)
