@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/bench_first.py [--layers small,medium] [--data /tmp/bench-data]
+    python benchmarks/bench_first.py [--layers small,medium] [--data DIR]
                                      [--reps 3] [--baseline REV] [--work DIR] [--out FILE]
 
 Each layer is one of ``../shared/bench``'s (``make_dataset.sh DIR small|medium``), read in
@@ -142,11 +142,13 @@ def _load() -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", default="small,medium")
-    p.add_argument("--data", default="/tmp/bench-data")
+    p.add_argument(  # as the other benchmarks: $BENCH_DATA, else benchmarks/.data/bench-data
+        "--data", default=os.environ.get("BENCH_DATA", os.path.join(HERE, ".data", "bench-data"))
+    )
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--baseline", help="also run sprite-env as of this git revision")
     p.add_argument("--tools", default="sprite-env,restic,borg")
-    p.add_argument("--work", default="/tmp/bench-first")
+    p.add_argument("--work", default=os.path.join(HERE, ".data", "scratch-first"))
     p.add_argument("--out")
     args = p.parse_args()
     if not drop_caches():

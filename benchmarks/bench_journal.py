@@ -87,7 +87,7 @@ def change(layer: str, rep: int) -> None:
 
 def run(layer: str, journal: bool, reps: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"first": [], "change": [], "nochange": []}
-    store = tempfile.mkdtemp(prefix="jbench-store-", dir="/tmp")
+    store = tempfile.mkdtemp(prefix="jbench-store-")
     j = Journal(layer) if journal else None
     try:
         with Engine(layer, store) as e:

@@ -151,7 +151,9 @@ def main() -> int:
         sys.exit(
             f"no layer at {layer}: bash ../shared/bench/make_dataset.sh {layer} {args.profile}"
         )
-    work = args.work or tempfile.mkdtemp(prefix="bench-remote-", dir="/var/tmp")
+    scratch = os.path.join(HERE, ".data")  # git-ignored, as the other benchmarks' scratch
+    os.makedirs(scratch, exist_ok=True)
+    work = args.work or tempfile.mkdtemp(prefix="scratch-remote-", dir=scratch)
     os.makedirs(work, exist_ok=True)
     measured = bc.setup_sprite(work, freeze=not args.no_freeze)
     expected = manifest(layer)
