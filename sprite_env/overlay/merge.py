@@ -226,13 +226,11 @@ class MergedTrees:
                 # as overlayfs does
                 e = replace(e, xattrs=_shown_xattrs(e.xattrs))
             out[e.name] = e
-        if not lower_rel:
-            pass
-        elif only is None:
+        if lower_rel and only is None:
             for entry in self._lower_listing(lower_rel):
                 if entry.name not in hidden:
                     out[entry.name] = entry
-        else:
+        elif lower_rel and only is not None:
             for name in sorted(only - hidden):
                 found = self._lower_entry(lower_rel, name)
                 if found is not None:
