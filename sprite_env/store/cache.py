@@ -278,12 +278,7 @@ class RemotePacks:
             for victim in list(self._entries):
                 if need and freed >= need:
                     break
-                freed += self._entries.pop(victim)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(pack_path(self.dir, victim))
-                self.stats.evicted += 1
-                if self.on_evict is not None:
-                    self.on_evict(PackName(victim))
+                freed += self._drop(victim)
         try:
             fetch_verified(self.storage, f"packs/{name}.pack", path, name)
         except OSError as e:
@@ -318,12 +313,17 @@ class RemotePacks:
                 break
             if victim == keep:
                 continue
-            total -= self._entries.pop(victim)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(pack_path(self.dir, victim))
-            self.stats.evicted += 1
-            if self.on_evict is not None:
-                self.on_evict(PackName(victim))
+            total -= self._drop(victim)
+
+    def _drop(self, victim: str) -> int:
+        """Evicts one entry (the lock held); returns its size."""
+        size = self._entries.pop(victim)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(pack_path(self.dir, victim))
+        self.stats.evicted += 1
+        if self.on_evict is not None:
+            self.on_evict(PackName(victim))
+        return size
 
 
 __all__ = ["DEFAULT_MAX_BYTES", "CacheFull", "CacheStats", "RemotePacks"]
