@@ -223,12 +223,25 @@ class Job(TypedDict):
     error: NotRequired[Problem]
 
 
+class RemoteGc(TypedDict):
+    """The last run of remote deletes (after a push that dropped checkpoints): when, what
+    it deleted, and ``next_run_s``, when what it spared for the grace period
+    (``SPRITE_ENV_REMOTE_GRACE``) is due to go (null: nothing waits)."""
+
+    at: str
+    generations_deleted: int
+    packs_deleted: int
+    bytes_freed: int
+    next_run_s: float | None
+
+
 class RemoteStatus(TypedDict):
     """The background upload to the store's bucket (``/v1/status``'s ``remote``):
     ``state`` idle, uploading, retrying (after a failed push: ``last_error`` says why,
     ``next_attempt_s`` when it tries again), starting or stopped; ``local`` the checkpoints
     not yet remote; ``generation`` the newest this daemon pushed; ``progress`` the push's
-    packs and bytes sent of those the bucket lacked."""
+    packs and bytes sent of those the bucket lacked; ``gc`` the last run of remote deletes
+    (null until one ran)."""
 
     url: str
     state: Literal["starting", "idle", "uploading", "retrying", "stopped"]
@@ -239,6 +252,7 @@ class RemoteStatus(TypedDict):
     failures: int
     next_attempt_s: float | None
     progress: dict[str, int] | None
+    gc: RemoteGc | None
 
 
 class Status(TypedDict):

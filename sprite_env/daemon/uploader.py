@@ -30,6 +30,7 @@ Cancellation:
 from __future__ import annotations
 
 import logging
+import math
 import random
 import sqlite3
 import time
@@ -123,9 +124,11 @@ class Uploader:
         self.lease = lease
         self._leased = lease is not None
         # Remote deletes (remote_gc.collect) are due after a push that dropped checkpoints,
-        # and stay due until a run deletes something: objects under the grace (1 h by
-        # default) are freed by a run after a later push.
+        # and again when what a run spared for the grace (1 h by default) passes it: the
+        # loop wakes for that at ``_gc_at`` (time.monotonic()) with no push needed.
         self._gc_due = False
+        self._gc_at: float | None = None
+        self.last_gc: dict[str, Any] | None = None  # the last run's outcome (status)
         self.on_change = on_change
         self.state = "starting"  # starting, idle, uploading, retrying, stopped
         self.last_error: str | None = None
@@ -172,6 +175,7 @@ class Uploader:
             "failures": self.failures,
             "next_attempt_s": wait,
             "progress": asdict(self.progress) if self.progress is not None else None,
+            "gc": self._gc_json(),
         }
 
     async def wait_remote(self, cid: str) -> AsyncIterator[dict[str, Any]]:
@@ -239,7 +243,8 @@ class Uploader:
                 races = 0
                 if done is None:
                     self._set(state="idle")
-                    await self._wake.wait()
+                    with trio.move_on_after(self._gc_wait()):
+                        await self._wake.wait()
                     continue
                 ids, report = done
                 self._pushed(ids, report)
@@ -254,6 +259,8 @@ class Uploader:
         """In a worker thread: one push if the checkpoints differ from the durable record."""
         ids = frozenset(c.id for c in self.engine.checkpoints(include_auto=True))
         if ids == self._durable:
+            if self._gc_wait() == 0 and self.lease is not None:
+                self._collect(self.lease)  # what the grace spared is due now
             return None
         self._from_thread(self._set, state="uploading", progress=None)
         if self._leased and self.lease is None:  # lost: taken again (LeaseHeld if not)
@@ -282,9 +289,31 @@ class Uploader:
             log.warning(
                 "remote deletes on %r failed (tried after the next push): %s", self.storage, e
             )
+            self._gc_at = None
             return
-        if report.generations or report.packs:
-            self._gc_due = False
+        # Due again once the soonest spared object passes the grace: +1 s, as the
+        # server's clock has whole seconds (Last-Modified), so an age reads up to 1 s low.
+        self._gc_due = report.due_in is not None
+        self._gc_at = time.monotonic() + report.due_in + 1.0 if report.due_in is not None else None
+        gc = {
+            "at": events.now_rfc3339(),
+            "generations_deleted": report.generations,
+            "packs_deleted": report.packs,
+            "bytes_freed": report.bytes,
+        }
+        self._from_thread(self._set, last_gc=gc)
+
+    def _gc_json(self) -> dict[str, Any] | None:
+        if self.last_gc is None:
+            return None
+        wait = self._gc_wait()
+        return {**self.last_gc, "next_run_s": round(wait, 3) if wait != math.inf else None}
+
+    def _gc_wait(self) -> float:
+        """Seconds until remote deletes the grace held back are due (inf: none wait)."""
+        if not self._gc_due or self._gc_at is None:
+            return math.inf
+        return max(0.0, self._gc_at - time.monotonic())
 
     def _on_progress(self, p: PushProgress) -> None:
         if self._stopping:

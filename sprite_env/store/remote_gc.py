@@ -91,6 +91,9 @@ class GcPlan:
     packs: dict[str, int]  # name -> bytes
     kept: list[Generation]
     named: frozenset[str] = field(repr=False)  # the packs the kept generations name
+    # Seconds until the soonest object this plan spares only for the grace passes it
+    # (None: nothing waits): when a later run has something to free.
+    due_in: float | None = None
 
     @property
     def bytes(self) -> int:
@@ -140,7 +143,9 @@ class GcPlan:
             deleted,
             freed,
         )
-        return GcReport(len(self.generations) + len(self.damaged), deleted, freed, len(spared))
+        return GcReport(
+            len(self.generations) + len(self.damaged), deleted, freed, len(spared), self.due_in
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +156,7 @@ class GcReport:
     packs: int
     bytes: int
     spared: int  # packs named by a generation that appeared meanwhile
+    due_in: float | None = None  # see GcPlan.due_in
 
 
 def _read(storage: ObjectStorage, gen: Generation, tmp: str) -> list[str] | None:
@@ -184,6 +190,7 @@ def plan(storage: ObjectStorage, policy: GcPolicy | None = None) -> GcPlan:
     damaged: list[str] = []
     kept: list[Generation] = []
     named: set[str] = set()
+    waits: list[float] = []  # grace left of what is spared only for the grace
     with tempfile.TemporaryDirectory(prefix="sprite-remote-gc-") as tmp:
         for gens in by_writer.values():
             gens.sort(reverse=True)  # newest first
@@ -192,25 +199,33 @@ def plan(storage: ObjectStorage, policy: GcPolicy | None = None) -> GcPlan:
                 # Superseded this long ago (by the next newer generation of its writer);
                 # a writer's newest is never superseded.
                 superseded = cat.age(gens[i - 1].name) if i > 0 else -1.0
-                if complete >= policy.keep and superseded >= policy.grace:
-                    retired.append(g)
-                    continue
+                if complete >= policy.keep:
+                    if superseded >= policy.grace:
+                        retired.append(g)
+                        continue
+                    waits.append(policy.grace - superseded)
                 names = _read(storage, g, tmp)
                 if names is None:
                     if cat.age(g.name) >= policy.grace:
                         damaged.append(g.name)
+                    else:
+                        waits.append(policy.grace - cat.age(g.name))
                     continue
                 keys = {f"packs/{n}.pack" for n in names}
                 kept.append(g)
                 named |= keys
                 if keys <= packs.objects.keys():
                     complete += 1
-    doomed = {
-        name: info.size
-        for name, info in packs.objects.items()
-        if name not in named and packs.age(name) >= policy.grace
-    }
-    return GcPlan(sorted(retired), damaged, doomed, sorted(kept), frozenset(named))
+    doomed: dict[str, int] = {}
+    for name, info in packs.objects.items():
+        if name in named:
+            continue
+        if packs.age(name) >= policy.grace:
+            doomed[name] = info.size
+        else:
+            waits.append(policy.grace - packs.age(name))
+    due = max(0.0, min(waits)) if waits else None
+    return GcPlan(sorted(retired), damaged, doomed, sorted(kept), frozenset(named), due)
 
 
 def collect(

@@ -77,6 +77,8 @@ def test_a_delete_frees_remote_space_after_the_grace(storage: S3Storage, tmp_pat
 
     early = collect(storage, wid, policy)  # within the grace: nothing goes
     assert (early.generations, early.packs) == (0, 0)
+    assert early.due_in is not None  # what it spared, it says when to come back for
+    assert 0 <= early.due_in <= GRACE + 1  # +1: whole-second clocks
     assert storage.list("packs/") == before
     reader = str(tmp_path / "reader")  # a reader that took the old generation
     pull(storage, reader, generation=old)
@@ -98,6 +100,7 @@ def test_a_delete_frees_remote_space_after_the_grace(storage: S3Storage, tmp_pat
     assert _named(storage, new, tmp_path, "after") == new_packs
     again = collect(storage, wid, policy)
     assert (again.generations, again.packs) == (0, 0)
+    assert again.due_in is None  # nothing waits for the grace any more
 
 
 def test_each_writer_keeps_its_newest_generations(storage: S3Storage, tmp_path) -> None:
