@@ -7,7 +7,9 @@ Concepts:
 
 - **Tools**: Sprites' names and arguments (``checkpoint_create(comment)``,
   ``checkpoint_list(include_auto)``, ``checkpoint_get(id)``, ``checkpoint_restore(id)``)
-  and more (diff, preview, read a file, restore paths, delete, reset). Each has a JSON
+  and more (diff, preview, read a file, restore paths, delete, reset; ``wait_remote`` on
+  a create, as ``create --wait-remote``: refused on a daemon with no bucket, so an agent
+  is never told a local checkpoint is remote). Each has a JSON
   input schema, answers with structured content (and the same JSON as text) in the API's
   shapes (``api/shapes.py``; its output schema is derived from them), and carries
   ``ToolAnnotations`` that say truthfully whether it reads only, destroys, is idempotent.
@@ -78,10 +80,13 @@ class CheckpointList(TypedDict):
 
 
 class Created(TypedDict):
-    """``checkpoint_create``: the new checkpoint (or, skipped, the one the layer is on)."""
+    """``checkpoint_create``: the new checkpoint (or, skipped, the one the layer is on) and
+    where it is durable (``storage``: ``remote`` once in the store's bucket, which
+    ``wait_remote`` waits for; null when skipped)."""
 
     id: str | None
     checkpoint: shapes.Checkpoint | None
+    storage: shapes.Storage | None
 
 
 class FileRead(TypedDict):
@@ -215,8 +220,25 @@ def _utf8(data: bytes, *, cut: bool) -> str | None:
 
 
 def _create(c: Client, a: Args) -> Created:
-    done = c.create(str(a.get("comment", "")))
-    return {"id": done.get("id"), "checkpoint": done.get("checkpoint")}
+    wait = bool(a.get("wait_remote", False))
+    try:
+        done = c.create(str(a.get("comment", "")), wait_remote=wait)
+    except ApiError as e:
+        if e.code != "no_remote":
+            raise
+        # Refused, not ignored: an agent that asks for a checkpoint that outlives the
+        # machine and gets a local one would find out only when the machine is gone. The
+        # daemon refused before creating anything; say so in the tool's own words.
+        raise ApiError(
+            e.code,
+            "this daemon has no remote store, so no checkpoint can become remote: nothing "
+            "was created (call checkpoint_create without wait_remote for a local "
+            "checkpoint; a remote needs the daemon started with --store s3://BUCKET/PREFIX)",
+            e.status,
+        ) from e
+    checkpoint = done.get("checkpoint")
+    storage = checkpoint.get("storage", "local") if isinstance(checkpoint, dict) else None
+    return {"id": done.get("id"), "checkpoint": checkpoint, "storage": storage}
 
 
 def _restored(c: Client, done: Event, info: Event | None, what: str) -> Restored:
@@ -336,8 +358,18 @@ TOOLS: tuple[ToolSpec, ...] = (
         "checkpoint_create",
         "create",
         "Take a checkpoint of the whole filesystem now (every writer's changes, not only "
-        "yours); returns its id.",
-        {"comment": {"type": "string", "description": "what this checkpoint is before or after"}},
+        "yours); returns its id and its `storage` (local, or remote once in the store's "
+        "bucket). With `wait_remote`, returns only once it is remote, or fails with "
+        "`upload_failed` (the checkpoint is kept locally and its upload goes on).",
+        {
+            "comment": {"type": "string", "description": "what this checkpoint is before or after"},
+            "wait_remote": {
+                "type": "boolean",
+                "description": "wait until the checkpoint is durable in the store's bucket "
+                "(--store s3://...); refused, creating nothing, where the daemon has none",
+                "default": False,
+            },
+        },
         (),
         _CREATE,
         _create,

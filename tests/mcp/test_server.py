@@ -199,6 +199,36 @@ def test_the_whole_loop_and_its_errors(daemon_factory: Any, tmp_path: Any) -> No
     run(main)
 
 
+def test_wait_remote_on_a_local_store_is_refused_creating_nothing(
+    daemon_factory: Any, tmp_path: Any
+) -> None:
+    # Refused, not ignored: an agent asking for a checkpoint that outlives the machine
+    # must not be told "done" about one that dies with it. (The bucket's side is in
+    # tests/remote/test_mcp_remote.py.)
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "f").write_text("x\n")
+    d = daemon_factory("--no-view")
+
+    async def main() -> None:
+        async with session(d.socket, "--no-session-checkpoint") as s:
+            tools = {t.name: t for t in (await s.list_tools()).tools}
+            schema = tools["checkpoint_create"].input_schema["properties"]["wait_remote"]
+            assert schema["type"] == "boolean"
+            assert schema["default"] is False
+            refused = await error(s, "checkpoint_create", comment="x", wait_remote=True)
+            assert refused["code"] == "no_remote", refused
+            assert "nothing was created" in refused["message"]
+            assert "without wait_remote" in refused["message"]
+            bad = await error(s, "checkpoint_create", wait_remote="yes")
+            assert bad["code"] == "invalid_arguments", bad
+            made = await call(s, "checkpoint_create", comment="plain")
+            assert made["storage"] == "local"
+            assert made["checkpoint"]["storage"] == "local"
+
+    run(main)
+    assert [c["id"] for c in Client(d.socket).list(include_auto=True)] == ["v0"]
+
+
 @pytest.mark.parametrize("tool", ["checkpoint_list", "checkpoint_create"])
 def test_a_daemon_killed_mid_call_is_a_tool_error(
     daemon_factory: Any, tmp_path: Any, tool: str
