@@ -323,6 +323,24 @@ def _ancestors(rel: bytes) -> list[bytes]:
     return out
 
 
+def _lost_names(new: bytes, old: bytes) -> list[bytes]:
+    """The names of a directory's old signature row that may no longer be the directory
+    they were: gone from its new row, or with another signature there (retyped, replaced).
+
+    A name with the same signature in both rows was walked or kept by this capture (every
+    listed subdirectory is), so only these can have lost their rows. One merge in C of the
+    two sorted blobs (``sig_diff``): decoding the old rows in Python was 16% of the
+    checkpoint after the benchmark's agent step (61k names in 1,130 directories).
+    """
+    if _sig_diff is not None:
+        try:
+            changed, removed = _sig_diff(new, old)
+            return changed + removed
+        except ValueError:
+            pass  # a malformed row: every name it holds, as decoded below
+    return list(dircache.decode_sigs(old))
+
+
 def _under_any(rel: bytes, tops: frozenset[bytes] | set[bytes]) -> bool:
     """True if ``rel`` is one of ``tops`` or below one of them."""
     if not tops:
@@ -633,9 +651,9 @@ class Capturer:
         # 90 ms no-change checkpoint on 18k directories).
         gone = set()
         known = self.hint.memo.totals  # every directory of the last walk: in memory
-        for rel in self.cache_changed:
+        for rel, new in self.cache_changed.items():
             old = self.cache.get(rel)
-            for name in old.sigs() if old is not None else ():
+            for name in _lost_names(new.stat, old.stat) if old is not None else ():
                 p = _join(rel, name)
                 if p in self.visited or p in self.kept:
                     continue
