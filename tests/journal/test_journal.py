@@ -20,9 +20,9 @@ if TYPE_CHECKING:
 MEMO = WalkMemo({}, frozenset(), frozenset(), 0)
 
 
-def started(layer: str) -> Journal:
+def started(layer: str, *, bounded_queue: bool = False) -> Journal:
     """A journal past its first (full) capture, so the next plan carries a hint."""
-    j = Journal(layer)
+    j = Journal(layer, bounded_queue=bounded_queue)
     plan = j.begin()
     assert plan.hint is None
     assert "just started" in plan.reason
@@ -93,7 +93,7 @@ def test_a_failed_capture_makes_the_next_walk_full(layer: str) -> None:
 
 def test_overflow_makes_the_next_walk_full(layer: str) -> None:
     os.mkdir(f"{layer}/many")
-    with started(layer) as j:
+    with started(layer, bounded_queue=True) as j:
         for i in range(17000):  # more than the kernel's 16384-event queue, unread
             os.close(os.open(f"{layer}/many/{i}", os.O_CREAT | os.O_WRONLY, 0o644))
         plan = j.begin()
@@ -103,9 +103,20 @@ def test_overflow_makes_the_next_walk_full(layer: str) -> None:
         assert dirty_after(j) == (set(), set())  # and the one after builds on that walk
 
 
-def test_polling_keeps_the_queue_from_overflowing(layer: str) -> None:
+def test_the_default_queue_holds_a_burst_nobody_read(layer: str) -> None:
+    """The daemon's journal asks for an unlimited queue: 17000 events left unread (more
+    than the kernel's default 16384) do not overflow, and the plan still has a hint."""
     os.mkdir(f"{layer}/many")
     with started(layer) as j:
+        for i in range(17000):
+            os.close(os.open(f"{layer}/many/{i}", os.O_CREAT | os.O_WRONLY, 0o644))
+        assert dirty_after(j)[0] == {b"many"}
+        assert j.overflows == 0
+
+
+def test_polling_keeps_the_queue_from_overflowing(layer: str) -> None:
+    os.mkdir(f"{layer}/many")
+    with started(layer, bounded_queue=True) as j:
         for i in range(17000):
             os.close(os.open(f"{layer}/many/{i}", os.O_CREAT | os.O_WRONLY, 0o644))
             if i % 4000 == 0:

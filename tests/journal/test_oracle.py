@@ -277,7 +277,7 @@ def test_overflow_falls_back_to_a_full_walk_and_loses_nothing(
     fs: str, layer: str, harness_for: Any
 ) -> None:
     _seed(layer)
-    with Journal(layer) as j:
+    with Journal(layer, bounded_queue=True) as j:
         h = harness_for(layer, j)
         h.capture()
         with open(os.path.join(layer, "a", "b", "f2"), "ab") as f:

@@ -110,7 +110,8 @@ def test_a_restore_after_lost_events_is_still_exact(
     """The kernel dropped the events of the step (queue overflow): the check walks
     everything, and the undo checkpoint and the restore are exact all the same."""
     _big_tree(layer)
-    with Engine(layer, os.path.join(os.fspath(tmp_path), "store")) as e, Journal(layer) as j:
+    store = os.path.join(os.fspath(tmp_path), "store")
+    with Engine(layer, store) as e, Journal(layer, bounded_queue=True) as j:
         e.journal = j
         v0 = e.create()
         _step(layer)
