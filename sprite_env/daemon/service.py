@@ -984,8 +984,9 @@ async def run(
 
 
 async def _poll_journal(journal: ChangeJournal) -> None:
-    """Reads the journal's events as they come, so the kernel's queue (16384 events) does
-    not overflow between checkpoints; batched every 50 ms, decoded off the trio thread."""
+    """Reads the journal's events as they come, so the kernel's queue (unlimited: its
+    memory is the daemon's) stays short between checkpoints; batched every 50 ms, decoded
+    off the trio thread."""
     if not isinstance(journal, Journal):
         return
     while True:
