@@ -301,7 +301,8 @@ class Excludes:
 Progress = Callable[[CaptureStats], None]
 OnWarning = Callable[[CaptureWarning], None]
 ReadTree = Callable[[ObjectId], bytes]
-#: A file's page digests as last saved, by path (``pagesums.Lookup``).
+#: A file's page digests as last saved, by path (``pagesums.Lookup``; if it has a method
+#: ``find(path, pieces)``, that is asked for the vector of a given chunk list instead).
 PageSumsLookup = Callable[[bytes], PageSums | None]
 
 
@@ -1300,7 +1301,10 @@ class Capturer:
         """The saved page digests of ``rel`` if they are those of ``pieces`` (chunk list id
         ``pid``); else None, and the file is compared against the store."""
         assert self.page_sums is not None
-        ps = self.page_sums(rel)
+        # a lookup that keeps older vectors (``pagesums.Lookup.find``) is asked for this
+        # version's: after a restore of the previous checkpoint the newest is another's
+        find = getattr(self.page_sums, "find", None)
+        ps = find(rel, pid) if find is not None else self.page_sums(rel)
         if ps is None or ps.pieces != pid:
             return None  # none yet, or of another version (a restore, another file)
         if len(ps.sums) != pagesums.SUM_LEN * pagesums.window_count(pieces):
@@ -1576,7 +1580,7 @@ class Capturer:
             pid = payload if indirect else object_id(payload)
             parts = [s for s in sums if isinstance(s, bytes)]
             assert len(parts) == len(sums), "every span was filled in"
-            self.page_sums_out[rel] = PageSums(key, pid, b"".join(parts))
+            self.page_sums_out[rel] = PageSums(key, pid, b"".join(parts), old_sums)
         entry = TreeEntry(
             name,
             Kind.FILE,
