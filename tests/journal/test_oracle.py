@@ -227,6 +227,10 @@ def _rounds(data: Any, harness: Harness, world: World, restart_root: str | None)
     for _round in range(data.draw(st.integers(2, 6))):
         for _ in range(data.draw(st.integers(1, 6))):
             world.step(data)
+            if harness.journal is not None and data.draw(st.booleans()):
+                # The daemon's reader: handles resolved now, before later steps move or
+                # remove what they name (Journal.poll resolves ahead between captures).
+                harness.journal.poll()
         if data.draw(st.booleans()):
             time.sleep(0.06)  # past the racy window: the hint alone decides what is read
         if restart_root is not None and data.draw(st.integers(0, 9)) == 0:
