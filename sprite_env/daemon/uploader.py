@@ -21,6 +21,13 @@ A create commits locally and returns; this task then pushes the store
   caller asks for a try now, and fails after :data:`WAIT_FAILURES` failed pushes.
 - **A prune meanwhile.** A delete may unlink a pack the push's copy named; that push
   fails with ``FileNotFoundError`` and is taken again at once with a new copy.
+- **The lease, held for the daemon's run.** One found lost (not renewed within half its
+  stale time while the server was unreachable, or its lock removed from the bucket by
+  another writer; ``store/lease.py``) stops the uploads at once, even while idle: the
+  lease's thread wakes this task, which drops it and takes the prefix again before it
+  pushes anything, with the push's backoff while that fails (``LeaseHeld`` naming the
+  holder, or the server's error). ``last_error`` says both why the lease was lost and
+  why it is not back yet; once it is, uploads resume where they stopped.
 
 Cancellation:
     A push in its thread cannot be cancelled; :meth:`Uploader.stop` makes it end at its
@@ -29,6 +36,7 @@ Cancellation:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -41,8 +49,8 @@ import trio
 
 from sprite_env.api import events
 from sprite_env.api.problems import Problem, problem_for
-from sprite_env.errors import SpriteError, UserError
-from sprite_env.store.lease import Lease, LeaseLost
+from sprite_env.errors import SpriteError, StoreError, UserError
+from sprite_env.store.lease import Lease, LeaseHeld, LeaseLost
 from sprite_env.store.remote import (
     PushProgress,
     durable_checkpoints,
@@ -94,6 +102,18 @@ class UploadFailed(SpriteError):
     exit_code = 3
 
 
+class LeaseNotHeld(StoreError):
+    """The daemon lost the prefix's lease and could not take it again: nothing is uploaded
+    until it does (tried again with the push's backoff). ``held``: another writer holds it
+    (``LeaseHeld``), rather than the server failing."""
+
+    exit_code = 4  # as LeaseHeld: someone else may have the prefix
+
+    def __init__(self, message: str, *, held: bool) -> None:
+        super().__init__(message)
+        self.held = held
+
+
 class _Stopping(Exception):
     """Raised by the progress callback to end a push at shutdown."""
 
@@ -123,6 +143,10 @@ class Uploader:
         # lost (not renewed in time) is dropped and taken again before the next push.
         self.lease = lease
         self._leased = lease is not None
+        self._lost: str | None = None  # why the lease was lost, until it is held again
+        self._refresh = lease.policy.refresh_every if lease is not None else BACKOFF_MAX_S
+        if lease is not None:
+            lease.on_lost = self._lease_lost
         # Remote deletes (remote_gc.collect) are due after a push that dropped checkpoints,
         # and again when what a run spared for the grace (1 h by default) passes it: the
         # loop wakes for that at ``_gc_at`` (time.monotonic()) with no push needed.
@@ -257,22 +281,17 @@ class Uploader:
 
     def _push_if_behind(self) -> tuple[frozenset[str], PushReport] | None:
         """In a worker thread: one push if the checkpoints differ from the durable record."""
+        self._hold_lease()
         ids = frozenset(c.id for c in self.engine.checkpoints(include_auto=True))
         if ids == self._durable:
             if self._gc_wait() == 0 and self.lease is not None:
                 self._collect(self.lease)  # what the grace spared is due now
             return None
         self._from_thread(self._set, state="uploading", progress=None)
-        if self._leased and self.lease is None:  # lost: taken again (LeaseHeld if not)
-            lease = Lease.acquire(self.storage, writer_id(self.engine.store))
-            lease.keep_renewed()
-            self.lease = lease
         try:
             done = push_checkpoints(self.engine, self.storage, self._on_progress, self.lease)
-        except LeaseLost:
-            lost, self.lease = self.lease, None
-            if lost is not None:
-                lost.release(wait=False)
+        except LeaseLost as e:
+            self._drop_lease(self.lease.lost if self.lease is not None else None, e)
             raise
         if self._durable - done[0]:
             self._gc_due = True
@@ -280,11 +299,61 @@ class Uploader:
             self._collect(self.lease)
         return done
 
+    def _lease_lost(self, reason: str) -> None:
+        """``Lease.on_lost``, in the lease's thread: wakes the task, which drops it and
+        takes the prefix again (and says so in the status) before anything more is sent;
+        ``reason`` is the lease's own (:attr:`Lease.lost`)."""
+        token = self._token
+        if token is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(lambda: self._wake.set())
+
+    def _drop_lease(self, reason: str | None, error: Exception) -> None:
+        """Forgets a lost lease (its lock is deleted in the background, or goes stale)."""
+        lost, self.lease = self.lease, None
+        self._lost = reason or str(error)
+        if lost is not None:
+            lost.release(wait=False)
+
+    def _hold_lease(self) -> None:
+        """In a worker thread, before anything is pushed or deleted: a lost lease is
+        dropped and the prefix taken again (a daemon holds it for its whole run).
+
+        Raises:
+            LeaseNotHeld: it could not be taken again (another holder, or the server).
+        """
+        if not self._leased:
+            return
+        if self.lease is not None:
+            reason = self.lease.lost
+            if reason is None:
+                return
+            self._drop_lease(reason, LeaseLost(reason))
+        try:
+            lease = Lease.acquire(self.storage, writer_id(self.engine.store))
+        except (SpriteError, OSError) as e:
+            raise LeaseNotHeld(
+                f"not uploading: this daemon lost the lease of {self.storage!r} "
+                f"({self._lost}), and taking it again failed: {e}",
+                held=isinstance(e, LeaseHeld),
+            ) from e
+        lease.on_lost = self._lease_lost
+        lease.keep_renewed()
+        self.lease = lease
+        log.info("remote: the lease of %r is held again (lost: %s)", self.storage, self._lost)
+        self._lost = None
+        self._from_thread(self._set, last_error=None, failures=0)
+
     def _collect(self, lease: Lease) -> None:
         """Remote deletes under the held lease; a failure is logged and tried after the
         next push (the push itself succeeded)."""
         try:
             report = collect(self.storage, lease.writer, lease=lease)
+        except LeaseLost as e:  # nothing more is deleted; taken again at the next round
+            log.warning("remote deletes on %r stopped: %s", self.storage, e)
+            self._drop_lease(lease.lost, e)
+            self._gc_at = None
+            return
         except (SpriteError, OSError) as e:
             log.warning(
                 "remote deletes on %r failed (tried after the next push): %s", self.storage, e
@@ -361,6 +430,10 @@ class Uploader:
             message = f"internal error: {type(e).__name__}: {e}"
             log.exception("remote push to %r failed", self.storage)
         bound = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2**self.failures)
+        if isinstance(e, LeaseNotHeld) and e.held:
+            # Another writer holds the prefix and renews it every refresh_every (60 s): look
+            # as often (one listing), so the prefix is taken back soon after it is free.
+            bound = min(bound, self._refresh)
         delay = random.uniform(0.0, bound)
         self._set(
             state="retrying",
@@ -450,6 +523,7 @@ __all__ = [
     "BACKOFF_FIRST_S",
     "BACKOFF_MAX_S",
     "WAIT_FAILURES",
+    "LeaseNotHeld",
     "NoRemote",
     "RemoteWait",
     "UploadFailed",

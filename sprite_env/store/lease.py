@@ -24,6 +24,14 @@ new lock and deleting the old (nothing is overwritten in place), and stops pushi
 (:class:`LeaseLost`) once it has gone ``stale_after / 2`` seconds without a renewal, well
 before anyone may call its lock stale.
 
+A lost lease stays lost: a renewal that succeeds after the bound (the server back after an
+outage) would not prove that nobody took the prefix meanwhile, so the holder must take the
+lease again (:meth:`Lease.acquire`, which lists the other locks). Each renewal, and
+:meth:`Lease.confirm` right before a commit, also reads the holder's lock back: one that is
+gone was removed by someone else (a writer forced past the lease, or by hand), and the
+lease is lost at once rather than at the next bound. ``Lease.on_lost`` is told either way,
+from the renewing thread, so an idle holder hears it too.
+
 A lock of the same writer id on the same host by another process is a leftover of a
 process that died (the local store's flock admits one writer process), and is removed; so
 is one of this process that no lease here holds (its release could not delete it).
@@ -47,7 +55,7 @@ from sprite_env.errors import StoreError
 from sprite_env.store.s3 import BadRemoteSetting, RemoteError, RemoteNotFound, env_number
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Callable, Iterator, Mapping
 
     from sprite_env.store.s3 import Listing
 
@@ -152,8 +160,9 @@ class LeaseHeld(StoreError):
 
 
 class LeaseLost(StoreError):
-    """The lease was released, or not renewed for long enough that another writer may
-    have taken it: nothing more may be committed under it."""
+    """The lease was released, its lock was removed from the bucket, or it was not renewed
+    for long enough that another writer may have taken it: nothing more may be committed
+    under it (a lost lease is never renewed; take it again)."""
 
 
 def _body(writer: str) -> bytes:
@@ -199,6 +208,11 @@ class Lease:
     """A held lease (:meth:`acquire`); renewed by a thread while :meth:`keep_renewed` runs.
 
     Thread-safe. Use :func:`open_lease` to hold one for a block.
+
+    Attributes:
+        on_lost: called once, with the reason, when the lease is found lost (by the
+            renewing thread, :meth:`check` or :meth:`confirm`; not by :meth:`release`).
+            It runs in that thread: it must not block.
     """
 
     def __init__(self, storage: LeaseStorage, writer: str, policy: LeasePolicy, key: str) -> None:
@@ -208,7 +222,13 @@ class Lease:
         self.key = key
         self._renewed = time.monotonic()  # set before the PUT that made ``key``
         self._lock = threading.Lock()
+        # One renewal or confirmation at a time: a confirmation must not read back a key a
+        # renewal is replacing (its delete of the old key would look like a removal).
+        self._turn = threading.Lock()
         self._released = False
+        self._lost: str | None = None  # why, once lost (for good)
+        self._failure: str | None = None  # the last renewal's error, while they fail
+        self.on_lost: Callable[[str], None] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         with _held_lock:
@@ -275,42 +295,102 @@ class Lease:
         lease._renewed = started
         return lease
 
+    @property
+    def lost(self) -> str | None:
+        """Why the lease was lost (None: held, or released)."""
+        with self._lock:
+            return self._lost
+
+    def _lose(self, reason: str) -> LeaseLost:
+        """Marks the lease lost for good (the first reason stays) and tells ``on_lost``."""
+        with self._lock:
+            first = self._lost is None and not self._released
+            if self._lost is None:
+                self._lost = reason
+            reason = self._lost
+        if first:
+            log.warning("%r lost: %s", self, reason)
+            if self.on_lost is not None:
+                self.on_lost(reason)
+        return LeaseLost(f"{self.storage!r}: {reason}")
+
+    def _removed(self, key: str) -> LeaseLost:
+        """Loses the lease whose lock ``key`` is gone from the bucket, naming who holds the
+        prefix now if anyone does."""
+        try:
+            live = [h for h in holders(self.storage, self.policy) if h.key != self.key]
+        except RemoteError:
+            live = []
+        now = f"; the prefix is now held by {live[0].describe()}" if live else ""
+        return self._lose(
+            f"its lock {key} was removed from the bucket (by another writer, or by hand){now}"
+        )
+
     def renew(self) -> None:
-        """Writes a new lock, then deletes the previous one.
+        """Writes a new lock, reads the previous one back, then deletes it.
 
         Raises:
-            LeaseLost: the lease was released.
+            LeaseLost: the lease was released or is lost: not renewed within
+                ``stale_after / 2`` (nothing is written: someone may hold the prefix now),
+                or its lock was removed from the bucket.
             RemoteError: the new lock could not be written (the old one stands).
         """
-        with self._lock:
-            if self._released:
-                raise LeaseLost(f"{self.storage!r}: the lease was released")
-        key = f"{LOCKS}{self.writer}-{secrets.token_hex(8)}"
-        started = time.monotonic()
-        self.storage.put_bytes(key, _body(self.writer))  # not under the lock: check() waits not
-        with self._lock:
-            old, self.key, self._renewed = self.key, key, started
-        with _held_lock:
-            _held.add(key)
-            _held.discard(old)
-        try:
-            self.storage.delete(old)
-        except RemoteError as e:  # it goes stale on its own
-            log.info("%r: the previous lock %s stays until stale: %s", self.storage, old, e)
+        with self._turn:
+            self.check()
+            key = f"{LOCKS}{self.writer}-{secrets.token_hex(8)}"
+            started = time.monotonic()
+            self.storage.put_bytes(key, _body(self.writer))  # not under _lock: check() waits not
+            with self._lock:
+                old, self.key, self._renewed, self._failure = self.key, key, started, None
+            with _held_lock:
+                _held.add(key)
+                _held.discard(old)
+            try:  # after the new PUT: a removal up to now is seen
+                self.storage.get_bytes(old)
+            except RemoteNotFound:
+                raise self._removed(old) from None
+            except RemoteError as e:  # unknown: the next renewal reads the new one back
+                log.info("%r: could not read back the previous lock %s: %s", self, old, e)
+            try:
+                self.storage.delete(old)
+            except RemoteError as e:  # it goes stale on its own
+                log.info("%r: the previous lock %s stays until stale: %s", self.storage, old, e)
 
     def check(self) -> None:
         """Raises :class:`LeaseLost` unless the lease is still surely ours (renewed within
-        ``stale_after / 2``): called before each commit made under it."""
+        ``stale_after / 2``, not released, not found lost): called before each commit made
+        under it. Local only; :meth:`confirm` also asks the bucket."""
         with self._lock:
             if self._released:
                 raise LeaseLost(f"{self.storage!r}: the lease was released")
+            if self._lost is not None:
+                raise LeaseLost(f"{self.storage!r}: {self._lost}")
             quiet = time.monotonic() - self._renewed
+            failure = self._failure
         if quiet > self.policy.stale_after / 2:
-            raise LeaseLost(
-                f"{self.storage!r}: the lease was not renewed for {quiet:.0f} s (another "
-                f"writer may take it after {self.policy.stale_after:.0f} s): nothing is "
-                "committed under it"
+            why = f"; the last try failed: {failure}" if failure else ""
+            raise self._lose(
+                f"the lease was not renewed for {quiet:.0f} s{why} (another writer may take it "
+                f"after {self.policy.stale_after:.0f} s): nothing is committed under it until "
+                "it is taken again"
             )
+
+    def confirm(self) -> None:
+        """:meth:`check`, then reads the lock back from the bucket (one GET): called right
+        before a commit point, so a lock removed by someone else stops the commit.
+
+        Raises:
+            LeaseLost: as :meth:`check`, or the lock is gone from the bucket.
+            RemoteError: the lock could not be read.
+        """
+        with self._turn:
+            self.check()
+            with self._lock:
+                key = self.key
+            try:
+                self.storage.get_bytes(key)
+            except RemoteNotFound:
+                raise self._removed(key) from None
 
     def keep_renewed(self) -> None:
         """Starts the thread that renews the lease every ``refresh_every`` seconds until
@@ -322,12 +402,21 @@ class Lease:
             self._thread.start()
 
     def _renewing(self) -> None:
-        while not self._stop.wait(self.policy.refresh_every):
+        while True:
+            wait = self.policy.refresh_every
+            with self._lock:
+                if self._failure is not None:  # wake at the bound too, to say it is lost
+                    bound = self._renewed + self.policy.stale_after / 2 - time.monotonic()
+                    wait = min(wait, max(0.0, bound) + 0.01)
+            if self._stop.wait(wait):
+                return
             try:
                 self.renew()
             except LeaseLost:
                 return
             except (RemoteError, OSError) as e:
+                with self._lock:
+                    self._failure = str(e)
                 log.warning("%r: renewing the lease failed (tried again later): %s", self, e)
 
     def release(self, *, wait: bool = True) -> None:

@@ -232,7 +232,9 @@ def push(
         StoreError: the store is read-only.
         FileNotFoundError: a pack the copy names was pruned meanwhile.
         LeaseHeld: another writer holds the prefix; nothing was sent.
-        LeaseLost: the lease lapsed during the push; the generation was not sent.
+        LeaseLost: the lease lapsed during the push, or its lock was gone from the bucket
+            right before the generation's PUT (``Lease.confirm``); the generation was not
+            sent.
     """
     if not store.writable:
         raise StoreError("store is open read-only")
@@ -281,7 +283,7 @@ def push(
         gen = Generation((gens[0].number + 1) if gens else 0, wid, digest)
         crashpoint("remote-before-catalog-put")
         if lease is not None:
-            lease.check()  # the commit point: only while the prefix is surely ours
+            lease.confirm()  # the commit point: only while the prefix is surely ours
         storage.put_file(gen.name, tmp)
         crashpoint("remote-after-catalog-put")
         store.packs_durable(names)  # now the bucket holds them: the cache's bound applies

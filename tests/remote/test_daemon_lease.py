@@ -1,6 +1,9 @@
 """The daemon holds the prefix's lease for its whole run (issue 14, point 5), through real
 daemon subprocesses and the real Swift: a second daemon on the same prefix is refused at
-start while the first keeps uploading; after the first stops cleanly the second starts."""
+start while the first keeps uploading; after the first stops cleanly the second starts. A
+daemon that loses its lease (its lock replaced by another writer's, or not renewed while
+the server was down) stops uploading, says why in ``/v1/status``, loses nothing, and takes
+the lease back once it is free."""
 
 from __future__ import annotations
 
@@ -9,11 +12,14 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from sprite_env.store.lease import holders
+from sprite_env.store.lease import Lease, LeasePolicy, holders
 from sprite_env.store.remote import generations, pull
 from tests.helpers.cli import run_cli
+from tests.remote.faultproxy import FaultProxy
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from sprite_env.store.s3 import S3Storage
 
 
@@ -135,3 +141,114 @@ def test_a_deletes_push_frees_the_superseded_generations_and_keeps_the_newest(
     assert sorted(c["id"] for c in json.loads(r.stdout)) == ["v0", "v2"], r.stderr
     r = run_cli("--root", d.root, "--store", pulled, "store", "check", "--read-data")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _remote(d: Any) -> dict[str, Any]:
+    status, body = d.json("GET", "/v1/status")
+    assert status == 200, body
+    remote: dict[str, Any] = body["remote"]
+    return remote
+
+
+def _until(d: Any, what: str, ok: Callable[[dict[str, Any]], bool], timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        remote = _remote(d)
+        if ok(remote):
+            return remote
+        time.sleep(0.1)
+    raise AssertionError(f"not {what} after {timeout} s: {_remote(d)}\n{d.log()}")
+
+
+def _storages(d: Any) -> dict[str, str]:
+    status, rows = d.json("GET", "/v1/checkpoints?include_auto=true")
+    assert status == 200, rows
+    return {r["id"]: r["storage"] for r in rows}
+
+
+def _bucket_holds(storage: S3Storage, d: Any, tmp_path: Any, name: str, ids: list[str]) -> None:
+    """A pull of the bucket's newest generation lists ``ids`` and reads back whole."""
+    pulled = os.path.join(os.fspath(tmp_path), name)
+    pull(storage, pulled)
+    r = run_cli("--root", d.root, "--store", pulled, "checkpoints", "list", "--json")
+    assert sorted(c["id"] for c in json.loads(r.stdout)) == ids, r.stderr
+    r = run_cli("--root", d.root, "--store", pulled, "store", "check", "--read-data")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_lock_replaced_by_another_writer_stops_uploads_until_it_is_free(
+    daemon_factory: Any, storage: S3Storage, tmp_path: Any
+) -> None:
+    # Renewed every 0.5 s (the removal is seen within that, even idle); 60 s stale, so
+    # only the removal can lose it here.
+    env = {"SPRITE_ENV_LEASE_STALE": "60", "SPRITE_ENV_LEASE_REFRESH": "0.5"}
+    d = daemon_factory("--store", _url(storage), "--no-view", env=env)
+    _write(d.root, "a/file", os.urandom(50_000))
+    _create_remote(d, "before")
+    [mine] = holders(storage)
+    # Another writer takes the prefix by force: our lock deleted, its own written.
+    storage.delete(mine.key)
+    other = Lease.acquire(storage, "b" * 12, LeasePolicy(stale_after=60, settle=0.1))
+    try:
+        remote = _until(d, "lost", lambda r: r["last_error"] is not None, 20)
+        message = remote["last_error"]
+        assert "lost the lease" in message, message
+        assert "was removed from the bucket" in message, message
+        assert "is held by writer bbbbbbbbbbbb" in message, message  # who, to act on
+        assert "stop it, or use another prefix" in message, message
+        assert remote["state"] == "retrying", remote
+        assert [h.key for h in holders(storage)] == [other.key]  # ours is gone, not back
+
+        # Meanwhile a create commits locally and is not pushed: no generation of ours.
+        pushed = generations(storage)
+        _write(d.root, "b/file", os.urandom(50_000))
+        assert d.create("while held elsewhere")["checkpoint"]["storage"] == "local"
+        time.sleep(3.0)  # several rounds of its backoff
+        assert generations(storage) == pushed
+        assert _storages(d) == {"v0": "remote", "v1": "local"}
+        status, evs = d.stream("POST", "/v1/checkpoint", {"comment": "w", "wait_remote": True})
+        assert evs[-1]["type"] == "error", evs
+        assert evs[-1]["code"] == "upload_failed", evs
+        assert "is held by writer bbbbbbbbbbbb" in evs[-1]["error"], evs
+        assert generations(storage) == pushed
+    finally:
+        other.release()
+    # Free again: the daemon takes it back by itself and uploads what waited.
+    _until(d, "resumed", lambda r: r["local"] == 0 and r["last_error"] is None, 60)
+    assert _storages(d) == {"v0": "remote", "v1": "remote", "v2": "remote"}
+    assert [h.pid for h in holders(storage)] == [d.proc.pid]
+    _bucket_holds(storage, d, tmp_path, "pulled", ["v0", "v1", "v2"])
+
+
+def test_a_lease_not_renewed_while_the_server_is_down_is_taken_again(
+    daemon_factory: Any, storage: S3Storage, s3_env: dict[str, str], tmp_path: Any
+) -> None:
+    # Stale after 6 s, so lost after 3 s of failed renewals (every 0.5 s); each request
+    # once, so a renewal fails at once while the server is down.
+    env = {
+        "SPRITE_ENV_LEASE_STALE": "6",
+        "SPRITE_ENV_LEASE_REFRESH": "0.5",
+        "AWS_MAX_ATTEMPTS": "1",
+    }
+    with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
+        d = daemon_factory(
+            "--store", _url(storage), "--no-view", env={**env, "AWS_ENDPOINT_URL": proxy.url}
+        )
+        _write(d.root, "a/file", os.urandom(50_000))
+        _create_remote(d, "before")
+        proxy.down()
+        # Idle, nothing to push: the status says so all the same, once the bound passed.
+        remote = _until(d, "lost", lambda r: r["last_error"] is not None, 20)
+        message = remote["last_error"]
+        assert "lost the lease" in message, message
+        assert "was not renewed for" in message, message
+        assert "Could not connect" in message, message  # why: the server
+        assert remote["state"] == "retrying", remote
+        _write(d.root, "b/file", os.urandom(50_000))
+        assert d.create("while down")["checkpoint"]["storage"] == "local"
+        proxy.up()
+        # Taken again (its own lock from before removed as a leftover) and v1 uploaded.
+        _until(d, "resumed", lambda r: r["local"] == 0 and r["last_error"] is None, 60)
+    assert _storages(d) == {"v0": "remote", "v1": "remote"}
+    assert [h.pid for h in holders(storage)] == [d.proc.pid]
+    _bucket_holds(storage, d, tmp_path, "pulled", ["v0", "v1"])

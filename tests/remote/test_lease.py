@@ -27,6 +27,8 @@ from sprite_env.store.remote import generations, heads, pull, push, writer_id
 from tests.helpers import trees
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from sprite_env.store.s3 import S3Storage
 
 QUICK = LeasePolicy(stale_after=30, refresh_every=10, settle=0.2)
@@ -134,9 +136,12 @@ def test_a_leftover_of_this_writer_is_removed_and_renewal_replaces_the_lock(
         lease.check()
 
 
-def test_a_lapsed_lease_commits_nothing(storage: S3Storage, tmp_path) -> None:
+def test_a_lapsed_lease_commits_nothing(
+    storage: S3Storage, tmp_path, expect_log: Callable[[str], None]
+) -> None:
     """A holder that could not renew for half the stale time stops before the generation's
     PUT: another writer might have taken the prefix meanwhile."""
+    expect_log("lost: the lease was not renewed for")
     root = str(tmp_path / "layer")
     trees.build_tree(root, trees.sample_spec())
     with Engine(root, str(tmp_path / "store")) as e:
@@ -147,6 +152,75 @@ def test_a_lapsed_lease_commits_nothing(storage: S3Storage, tmp_path) -> None:
             push(e.store, storage, lease=lease)
         lease.release()
     assert generations(storage) == []
+
+
+def test_a_removed_lock_loses_the_lease_at_renewal_and_at_the_commit(
+    storage: S3Storage, tmp_path, expect_log: Callable[[str], None]
+) -> None:
+    """A holder whose lock another writer removed (forced past it, or by hand) finds out at
+    its next renewal, naming the new holder, and a push under it stops before the
+    generation's PUT; a lost lease stays lost, and ``on_lost`` hears it once."""
+    expect_log("lost: its lock .* was removed from the bucket")
+    root = str(tmp_path / "layer")
+    trees.build_tree(root, trees.sample_spec())
+    with Engine(root, str(tmp_path / "store")) as e:
+        e.create("v0")
+        lease = Lease.acquire(storage, writer_id(e.store), QUICK)
+        heard: list[str] = []
+        lease.on_lost = heard.append
+        storage.delete(lease.key)  # removed: the push's read-back at the commit sees it
+        with pytest.raises(LeaseLost, match="was removed from the bucket"):
+            push(e.store, storage, lease=lease)
+        assert generations(storage) == []
+        assert len(heard) == 1
+        lease.release()
+
+        lease = Lease.acquire(storage, writer_id(e.store), QUICK)
+        lease.on_lost = heard.append
+        first = lease.key
+        storage.delete(first)
+        other = Lease.acquire(storage, "b" * 12, QUICK)  # the prefix looks free: taken
+        try:
+            with pytest.raises(LeaseLost, match="held by writer bbbbbbbbbbbb"):
+                lease.renew()
+            assert len(heard) == 2
+            assert "was removed" in heard[1]
+            assert lease.lost == heard[1]
+            with pytest.raises(LeaseLost, match="was removed"):  # for good
+                lease.renew()
+            with pytest.raises(LeaseLost, match="was removed"):
+                lease.check()
+            lease.release()
+            assert _locks(storage) == [other.key]  # its renewal's lock went with it
+        finally:
+            other.release()
+
+
+def test_a_lease_not_renewed_in_time_stays_lost(
+    storage: S3Storage, expect_log: Callable[[str], None]
+) -> None:
+    """Past half the stale time without a renewal, another writer may soon call the lock
+    stale: a renewal then writes nothing (the server answering again proves nothing about
+    who holds the prefix now), and the lease must be taken again."""
+    expect_log("lost: the lease was not renewed for")
+    # (2 s: an acquire's own requests on 2 loaded cores stay well inside the 1 s bound)
+    policy = LeasePolicy(stale_after=2, refresh_every=0.2, settle=0.1)
+    lease = Lease.acquire(storage, "c" * 12, policy)
+    heard: list[str] = []
+    lease.on_lost = heard.append
+    time.sleep(1.2)  # no renewal thread: as if every renewal failed
+    before = _locks(storage)
+    with pytest.raises(LeaseLost, match="not renewed for"):
+        lease.renew()
+    assert _locks(storage) == before  # no new lock written
+    with pytest.raises(LeaseLost, match="not renewed for"):
+        lease.check()
+    assert len(heard) == 1
+    lease.release()
+    again = Lease.acquire(storage, "c" * 12, policy)
+    again.check()
+    again.release()
+    assert _locks(storage) == []
 
 
 def test_two_writers_forced_past_the_lease_lose_nothing(storage: S3Storage, tmp_path) -> None:
