@@ -42,6 +42,7 @@ from sprite_env.overlay.merge import MergedTrees
 from sprite_env.snapshot import dircache, pagesums, plan, preflight
 from sprite_env.snapshot.capture import CaptureResult, CaptureStats, Excludes, capture
 from sprite_env.snapshot.diff import Change, Counted, Difference, TreeMemo, count_changes
+from sprite_env.snapshot.patch import Prefetched
 from sprite_env.snapshot.paths import (
     InvalidPath,
     Parts,
@@ -287,6 +288,9 @@ class Engine:
             #: decoded once) and the plan its check made, for that diff: (live, target).
             self._trees: TreeMemo = {}
             self._checked: tuple[ObjectId, ObjectId, preflight.RestoreNeeds] | None = None
+            #: The bytes the check read and verified, kept for its restore (which then
+            #: reads nothing while the environment is down).
+            self._kept = Prefetched()
             self._decoded: usage.Children = {}  # trees decoded for unique_bytes, kept
             if resume:
                 try:
@@ -670,6 +674,7 @@ class Engine:
         self._verified.clear()
         self._trees = {}
         self._checked = None
+        self._kept.clear()
 
     def _preflight(
         self,
@@ -706,7 +711,7 @@ class Engine:
             self._checked = (live_top, target_top, needs)
         preflight.check_space(self.root, needs, what=f"restoring {cid}")
         needs.objects = {o: p for o, p in needs.objects.items() if o not in self._verified}
-        preflight.verify_objects(read_verified, needs, cid)
+        preflight.verify_objects(read_verified, needs, cid, keep=self._kept)
 
     def reset(self, *, created_by: str = "user", progress: Progress | None = None) -> RestoreReport:
         """Empties the layer (back to the base image below it), keeping every checkpoint;
@@ -758,6 +763,7 @@ class Engine:
                 excludes=self.excludes,
                 progress=(lambda s: progress("restore", s)) if progress else None,
                 trees=self._trees,
+                prefetched=self._kept,
             )
         except (SpriteError, OSError) as e:
             # The layer is partly restored. Keep the intent (so nothing forgets it) but mark

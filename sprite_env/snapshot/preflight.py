@@ -38,10 +38,13 @@ from sprite_env.snapshot.diff import (
     diff_trees,
     read_entries,
 )
+from sprite_env.snapshot.patch import changed_ranges
 from sprite_env.snapshot.tree import Kind, Piece, TreeEntry, decode_chunks
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from sprite_env.snapshot.patch import Prefetched
 
 #: What a restore may use beyond its estimate: directory blocks, xattrs, the files cache's
 #: own growth elsewhere. 64 KiB plus 1% of the estimate.
@@ -59,6 +62,8 @@ class RestoreNeeds:
     entries: int = 0  # new directory entries (files, dirs, links, ...)
     #: Every data object to read, with the first path (relative to the root) needing it.
     objects: dict[ObjectId, bytes] = field(default_factory=dict)
+    #: The objects of which a patched file needs only slices: (offset, length) each.
+    slices: dict[ObjectId, list[tuple[int, int]]] = field(default_factory=dict)
 
 
 class RestoreWontFit(SnapshotError):
@@ -144,13 +149,18 @@ def plan_needs(
             return
         assert old is not None
         if d.change is Change.MODIFIED:
-            if _patched(old, new, patch_min):
-                old_ids = {p[0] for p in pieces_live(old)}
-                for oid, _off, _n in pieces(new):
-                    if oid is not None and oid not in old_ids:
-                        needs.objects.setdefault(oid, d.path)
+            plan = (
+                changed_ranges(pieces_live(old), pieces(new))
+                if _patched(old, new, patch_min)
+                else None
+            )
+            if plan is not None:  # the restore's own plan: exactly the pieces it reads
+                for _at, (oid, off, n) in plan:
+                    assert oid is not None
+                    needs.objects.setdefault(oid, d.path)
+                    needs.slices.setdefault(oid, []).append((off, n))
                 needs.data_bytes += max(0, -(-(new.size - old.size) // block) * block)
-            else:
+            else:  # written whole (a hole where data was, too)
                 whole_file(d.path, new)
         elif old.link != new.link and not new.link:  # leaves a hard-link group: rewritten
             whole_file(d.path, new)
@@ -201,17 +211,23 @@ def check_space(root: str | bytes, needs: RestoreNeeds, *, what: str) -> None:
 
 
 def verify_objects(
-    read_object: Callable[[ObjectId], bytes], needs: RestoreNeeds, checkpoint: str | None
+    read_object: Callable[[ObjectId], bytes],
+    needs: RestoreNeeds,
+    checkpoint: str | None,
+    keep: Prefetched | None = None,
 ) -> None:
     """Reads and hashes every object in ``needs``; raises :class:`CheckpointDamaged` for
-    the first damaged or missing one, naming the path that needs it."""
+    the first damaged or missing one, naming the path that needs it. ``keep``: where the
+    bytes read are kept for the restore (only the slices of patched files' objects)."""
     items = list(needs.objects.items())
 
     def check(item: tuple[ObjectId, bytes]) -> tuple[bytes, SpriteError] | None:
         try:
-            read_object(item[0])
+            data = read_object(item[0])
         except SpriteError as e:
             return item[1], e
+        if keep is not None:
+            keep.keep(item[0], data, needs.slices.get(item[0]))
         return None
 
     with ThreadPoolExecutor(VERIFY_THREADS, thread_name_prefix="restore-verify") as pool:

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sprite_env.ids import ObjectId
-from sprite_env.snapshot.restore import _changed_ranges
+from sprite_env.snapshot.patch import changed_ranges as _changed_ranges
 
 if TYPE_CHECKING:
     from sprite_env.snapshot.tree import Piece
