@@ -26,6 +26,12 @@ rep:
   against 8.5 s on the small layer). Every
   restore is compared with the layer by the tree oracle (``_tree``): content, modes,
   owners, ns mtimes, xattrs.
+- **one small file on a fresh machine**: an empty root and state again, ``sprite-env
+  --root FRESH --store s3://B/P checkpoints cat v0 PATH`` (what the view does for a
+  remote-only checkpoint with an empty cache), against ``restic dump latest PATH`` with a
+  new, empty cache; PATH is the middle one, by name, of the layer's files of 1-16 KiB. Each
+  output is compared with the layer's file; the bytes each tool left in its local store or
+  cache are recorded (sprite-env fetches whole packs; restic reads blobs by range).
 
 MB/s is the layer's bytes over the wall time. sprite-env runs from a frozen copy of HEAD
 (``--no-freeze``: the working tree). Output: a markdown table on stdout, JSON in
@@ -35,6 +41,7 @@ MB/s is the layer's bytes over the wall time. sprite-env runs from a frozen copy
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import subprocess
@@ -136,6 +143,29 @@ def timed(name: str, argv: list[str], env: dict[str, str]) -> dict[str, Any]:
     return {"wall_s": m.wall, "cpu_s": m.cpu, "max_rss_kib": m.max_rss_kib}
 
 
+def small_file(expected: dict[str, Any]) -> str:
+    """The layer's file of 1-16 KiB in the middle by name (else its smallest non-empty)."""
+    small = sorted(p for p, e in expected.items() if e[0] == "file" and 1024 <= e[4] <= 16384)
+    if small:
+        return small[len(small) // 2]
+    return min((e[4], p) for p, e in expected.items() if e[0] == "file" and e[4] > 0)[1]
+
+
+def dir_bytes(path: str) -> int:
+    out = subprocess.run(["du", "-sb", path], check=True, stdout=subprocess.PIPE, text=True)
+    return int(out.stdout.split()[0])
+
+
+def timed_to(name: str, argv: list[str], env: dict[str, str], dest: str) -> dict[str, Any]:
+    """:func:`timed` with the command's stdout into ``dest`` (bytes, as they are)."""
+    return timed(name, ["sh", "-c", 'exec "$@" > "$0"', dest, *argv], env)
+
+
+def blake2b_of(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.blake2b(f.read()).hexdigest()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="small", choices=["small", "medium"])
@@ -158,6 +188,7 @@ def main() -> int:
     measured = bc.setup_sprite(work, freeze=not args.no_freeze)
     expected = manifest(layer)
     size = sum(e[4] for e in expected.values() if e[0] == "file")
+    one = small_file(expected)
     # the layer's copy: the offline CLI writes the local copy of the store into it
     copy = os.path.join(work, "layer")
     log(f"copying {layer}")
@@ -254,9 +285,44 @@ def main() -> int:
             r[f"{RESTIC} restore"]["verify"] = compare(expected, manifest(rout + copy))
             for k in (f"{SPRITE} restore", f"{RESTIC} restore"):
                 log(f"rep {rep}: {k}: {r[k]['wall_s']:.2f} s  {verdict(r[k]['verify'])}")
+            # one small file of the checkpoint, on another fresh machine
+            cfresh = os.path.join(work, f"fresh-cat-{rep}")
+            os.makedirs(cfresh)
+            scat, rcat = os.path.join(work, f"cat-{rep}-sprite"), os.path.join(work, f"cat-{rep}-r")
+            r[f"{SPRITE} cat"] = timed_to(
+                "sprite-env cat",
+                [
+                    *sprite,
+                    "--root",
+                    cfresh,
+                    "--store",
+                    f"s3://bench/sp-{rep}-durable",
+                    "checkpoints",
+                    "cat",
+                    "v0",
+                    "/" + one,
+                ],
+                env,
+                scat,
+            )
+            r[f"{SPRITE} cat"]["local_bytes"] = dir_bytes(os.path.join(cfresh, ".sprite"))
+            rcache = os.path.join(work, f"rcache-{rep}-cat")
+            r[f"{RESTIC} cat"] = timed_to(
+                "restic dump",
+                [*rargs, "--cache-dir", rcache, "dump", "latest", os.path.join(copy, one)],
+                env,
+                rcat,
+            )
+            r[f"{RESTIC} cat"]["local_bytes"] = dir_bytes(rcache)
+            for k, got in ((f"{SPRITE} cat", scat), (f"{RESTIC} cat", rcat)):
+                r[k]["same"] = blake2b_of(got) == expected[one][5]
+                log(
+                    f"rep {rep}: {k} {one}: {r[k]['wall_s']:.2f} s, "
+                    f"{r[k]['local_bytes']} bytes fetched, {'same' if r[k]['same'] else 'DIFFERS'}"
+                )
             reps.append(r)
             if not args.keep:
-                for p in (out, rout, fresh):
+                for p in (out, rout, fresh, cfresh):
                     shutil.rmtree(p, ignore_errors=True)
     finally:
         server.stop()
@@ -288,6 +354,15 @@ def main() -> int:
             f"{best(f'{RESTIC} restore'):.2f} s",
             ratio(best(f"{SPRITE} restore"), best(f"{RESTIC} restore")),
         ],
+        [
+            f"one {expected[one][4]} B file on a fresh machine (empty cache; bytes fetched)",
+            f"{best(f'{SPRITE} cat'):.2f} s "
+            f"({min(x[f'{SPRITE} cat']['local_bytes'] for x in reps) / 1e6:.1f} MB)",
+            "-",
+            f"{best(f'{RESTIC} cat'):.2f} s "
+            f"({min(x[f'{RESTIC} cat']['local_bytes'] for x in reps) / 1e6:.1f} MB)",
+            ratio(best(f"{SPRITE} cat"), best(f"{RESTIC} cat")),
+        ],
     ]
     print(markdown_table(["step (cold)", "sprite-env", "MB/s", "restic (S3)", "ratio"], rows))
     path = write_results(
@@ -297,6 +372,7 @@ def main() -> int:
             "profile": args.profile,
             "layer": rel(layer),
             "layer_bytes": size,
+            "small_file": one,
             "entries": len(expected),
             "server": "OpenStack Swift (Debian 12) with s3api over HTTPS, 127.0.0.1",
             "sprite_env": measured,

@@ -12,7 +12,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from sprite_env.store.lease import Lease, LeasePolicy, holders
+from sprite_env.store.lease import LOCKS, Lease, LeasePolicy, holders
 from sprite_env.store.remote import generations, pull
 from tests.helpers.cli import run_cli
 from tests.remote.faultproxy import FaultProxy
@@ -179,15 +179,23 @@ def _bucket_holds(storage: S3Storage, d: Any, tmp_path: Any, name: str, ids: lis
 def test_a_lock_replaced_by_another_writer_stops_uploads_until_it_is_free(
     daemon_factory: Any, storage: S3Storage, tmp_path: Any
 ) -> None:
-    # Renewed every 0.5 s (the removal is seen within that, even idle); 60 s stale, so
+    # Renewed every 2 s (the removal is seen within that, even idle); 60 s stale, so
     # only the removal can lose it here.
-    env = {"SPRITE_ENV_LEASE_STALE": "60", "SPRITE_ENV_LEASE_REFRESH": "0.5"}
+    env = {"SPRITE_ENV_LEASE_STALE": "60", "SPRITE_ENV_LEASE_REFRESH": "2"}
     d = daemon_factory("--store", _url(storage), "--no-view", env=env)
     _write(d.root, "a/file", os.urandom(50_000))
     _create_remote(d, "before")
-    [mine] = holders(storage)
-    # Another writer takes the prefix by force: our lock deleted, its own written.
-    storage.delete(mine.key)
+    # Another writer takes the prefix by force: right after the daemon renewed (its next
+    # renewal a whole period away, so none writes a lock meanwhile), the daemon's lock
+    # deleted and its own written.
+    first = sorted(storage.list(LOCKS))
+    deadline = time.monotonic() + 30
+    while sorted(storage.list(LOCKS)) in (first, []) or len(storage.list(LOCKS)) != 1:
+        assert time.monotonic() < deadline, d.log()
+        time.sleep(0.05)
+    mine = sorted(storage.list(LOCKS))
+    for key in mine:
+        storage.delete(key)
     other = Lease.acquire(storage, "b" * 12, LeasePolicy(stale_after=60, settle=0.1))
     try:
         remote = _until(d, "lost", lambda r: r["last_error"] is not None, 20)
