@@ -219,6 +219,13 @@ class Daemon:
         """Cached list and info answers are stale (they show each checkpoint's storage)."""
         self._answers.clear()
 
+    def _after_push(self) -> None:
+        """A push made checkpoints remote: the answers, and the view's listing (its
+        ``.checkpoints.json``), show their storage again."""
+        self._drop_answers()
+        if self.view is not None:
+            self.view.refresh()
+
     async def checkpoints_json(self, include_auto: bool, history: str | None) -> bytes:
         """``GET /v1/checkpoints``, encoded. Answers are cut from one listing of every
         checkpoint, read once per change (``answers.py``): a client polling in a loop
@@ -975,7 +982,7 @@ async def run(
                     await _finish_interrupted(daemon)
                     if storage is not None:  # after a restore resumed: it commits
                         daemon.uploader = Uploader(
-                            engine, storage, lease=lease, on_change=daemon._drop_answers
+                            engine, storage, lease=lease, on_change=daemon._after_push
                         )
                         lease = None  # the uploader's now: it releases it when it stops
                         await services.start(daemon.uploader.run)

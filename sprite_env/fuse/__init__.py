@@ -9,11 +9,12 @@ Concepts:
   a host that creates and deletes checkpoints through that engine sees them in the view.
 - :class:`ViewOperations` answers the kernel: the root lists the ``count`` newest
   checkpoints by id (re-listed when older than ``list_ttl``), each checkpoint is its
-  captured root directory. It loads lazily (a lookup reads only the trees on its path),
-  keeps decoded objects in an LRU, reads and decompresses in a fixed pool of worker
-  threads (``workers.py``), one batch per call, and reads ahead: the next pieces of a
-  file read sequentially, the small files of a directory whose files are being opened,
-  the subdirectories of a directory being listed.
+  captured root directory; ``.checkpoints.json`` beside them says what each one is
+  (``status.py``: id, created, comment, auto, storage). It loads lazily (a lookup reads
+  only the trees on its path), keeps decoded objects in an LRU, reads and decompresses in
+  a fixed pool of worker threads (``workers.py``), one batch per call, and reads ahead:
+  the next pieces of a file read sequentially, the small files of a directory whose files
+  are being opened, the subdirectories of a directory being listed.
 - :func:`serve` mounts it (read-only, ``nodev``, ``nosuid``) and serves until unmounted
   or cancelled; :func:`serve_until_signal` adds SIGINT/SIGTERM for a foreground command.
 

@@ -2,7 +2,9 @@
 
 Layout: the mount's root lists the ``count`` newest checkpoints (manual ones, or all with
 ``include_auto``) by id; each is the checkpoint's root directory, with the captured root's
-owner, mode, times and xattrs. Everything under it is exactly what was captured.
+owner, mode, times and xattrs. Everything under it is exactly what was captured. Beside
+them the root holds one file of the view's own, ``.checkpoints.json`` (``status.py``):
+what each checkpoint shown is (its storage among it), rebuilt at each listing.
 
 Freshness: the root re-lists its source when its listing is older than ``list_ttl``
 (on a lookup, ``opendir`` or ``getattr`` of the root), so checkpoints appear and
@@ -56,6 +58,7 @@ import functools
 import logging
 import math
 import os
+import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -73,6 +76,7 @@ from sprite_env.fuse.inodes import (
     entry_attributes,
     root_attributes,
 )
+from sprite_env.fuse.status import STATUS_INODE, STATUS_NAME, status_attributes, status_bytes
 from sprite_env.fuse.workers import Workers
 from sprite_env.ids import ObjectId
 from sprite_env.snapshot.tree import Kind, decode_chunks
@@ -193,13 +197,20 @@ class ViewOperations(pyfuse3.Operations):
         self._serial: dict[str, int] = {}  # readdir order of the root: first seen first
         #: (directory inode, name) for the kernel to forget
         self._forget_send, self._forget_recv = trio.open_memory_channel[tuple[int, bytes]](math.inf)
-        self._dirs: dict[int, list[tuple[bytes, Callable[[], Node]]]] = {}
+        self._dirs: dict[int, list[tuple[bytes, Callable[[], Node | None]]]] = {}
         self._files: dict[int, tuple[Node, OpenFile]] = {}
         self._pins: dict[int, _SharedPin] = {}  # by inode: one pin for all its open files
         #: without open: the files read (and pinned) since the kernel last knew them, by inode
         self._read_files: dict[int, tuple[Node, OpenFile]] = {}
         self.no_open = config.no_open and NO_OPEN_SUPPORTED
         self._root_mtime_ns = 0
+        #: ``.checkpoints.json`` (``status.py``): its bytes, their mtime, the handles of a
+        #: view that opens files (each keeps the bytes it opened), and a change to tell the
+        #: kernel of (set when the bytes change while mounted)
+        self._status = status_bytes([])
+        self._status_mtime_ns = time.time_ns()
+        self._status_fhs: dict[int, bytes] = {}
+        self._status_changed = trio.Event()
         #: True while pyfuse3 has a session (set by ``mount.serve``)
         self.mounted = False
         self._dir_ahead: OrderedDict[bytes, int] = OrderedDict()  # tree -> read ahead up to
@@ -216,6 +227,7 @@ class ViewOperations(pyfuse3.Operations):
         self._nursery = nursery
         self._token = trio.lowlevel.current_trio_token()
         nursery.start_soon(self._invalidate_names)
+        nursery.start_soon(self._invalidate_status)
 
     def refresh(self) -> None:
         """Lists the checkpoints again now, and from then on at the next access.
@@ -223,14 +235,17 @@ class ViewOperations(pyfuse3.Operations):
         Thread-safe: a host calls it from any thread after creating or deleting a
         checkpoint, so a new one shows at once and a deleted one's name goes at once.
         Without open it also drops the kernel's attributes of the root at once: its next
-        listing then asks for them, finds a new mtime, and lists the root again.
+        listing then asks for them, finds a new mtime, and lists the root again. So it
+        does for ``.checkpoints.json`` (open or not): its next read asks for its size and
+        mtime, which the listing just changed, and the kernel drops the pages it kept.
         """
         self._listed_at = -math.inf
-        if self.no_open and self.mounted:
-            try:  # attributes only: no page or lock to wait for, from any thread
-                pyfuse3.invalidate_inode(ROOT_INODE, attr_only=True)
-            except OSError as e:
-                log.debug("invalidate_inode(root): %s", e)
+        if self.mounted:  # attributes only: no page or lock to wait for, from any thread
+            for ino in (ROOT_INODE, STATUS_INODE) if self.no_open else (STATUS_INODE,):
+                try:
+                    pyfuse3.invalidate_inode(ino, attr_only=True)
+                except OSError as e:  # ENOENT: the kernel does not know it
+                    log.debug("invalidate_inode(%d): %s", ino, e)
         if self._token is not None:
             with contextlib.suppress(trio.RunFinishedError):
                 self._token.run_sync_soon(self._relist_soon)
@@ -298,6 +313,12 @@ class ViewOperations(pyfuse3.Operations):
             self._root_mtime_ns = max(newest, self._root_mtime_ns + 1)
         self._shown = shown
         self._all_ids = {r.id for r in refs}
+        data = status_bytes(shown)
+        if data != self._status:
+            self._status = data
+            self._status_mtime_ns = max(time.time_ns(), self._status_mtime_ns + 1)
+            if self.mounted:
+                self._status_changed.set()
 
     async def _invalidate_names(self) -> None:
         """Tells the kernel to drop the names of checkpoints that left the view.
@@ -310,6 +331,24 @@ class ViewOperations(pyfuse3.Operations):
                 await trio.to_thread.run_sync(pyfuse3.invalidate_entry, parent, name)
             except OSError as e:  # ENOENT: the kernel did not know the name
                 log.debug("invalidate_entry(%d, %r): %s", parent, name, e)
+
+    async def _invalidate_status(self) -> None:
+        """Tells the kernel to drop its pages and attributes of ``.checkpoints.json`` each
+        time its bytes change: without open it keeps a file's pages across opens, and a
+        reader would see the old bytes (cut to the new size) until memory ran short. In a
+        worker thread: the kernel waits for a read of the file in progress to finish."""
+        while True:
+            await self._status_changed.wait()
+            self._status_changed = trio.Event()
+            try:
+                await trio.to_thread.run_sync(pyfuse3.invalidate_inode, STATUS_INODE, False)
+            except OSError as e:  # ENOENT: the kernel did not know the file
+                log.debug("invalidate_inode(%s): %s", STATUS_NAME.decode(), e)
+
+    def _status_attrs(self) -> pyfuse3.EntryAttributes:
+        return status_attributes(
+            len(self._status), self._status_mtime_ns, self._uid, self._gid, self.config.list_ttl
+        )
 
     def _forget_read_files(self, checkpoint_id: str) -> None:
         """Without open: asks the kernel to drop the names of the files of a checkpoint
@@ -397,6 +436,9 @@ class ViewOperations(pyfuse3.Operations):
         elif name == b"..":
             node = self._node(parent.parent)
         elif parent.entry is None:
+            if name == STATUS_NAME:
+                await self.shown()
+                return self._status_attrs()
             node = await self._lookup_checkpoint(name)
         else:
             entry = (await self._children(parent)).get(name)
@@ -419,6 +461,9 @@ class ViewOperations(pyfuse3.Operations):
 
     @_handler
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        if inode == STATUS_INODE:
+            await self.shown()
+            return self._status_attrs()
         node = self._node(inode)
         if node.entry is None:
             await self.shown()
@@ -444,6 +489,8 @@ class ViewOperations(pyfuse3.Operations):
 
     @_handler
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        if inode == STATUS_INODE:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         node = self._node(inode)
         for key, value in node.entry.xattrs if node.entry else ():
             if key == name:
@@ -452,6 +499,8 @@ class ViewOperations(pyfuse3.Operations):
 
     @_handler
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> Sequence[bytes]:
+        if inode == STATUS_INODE:
+            return []
         node = self._node(inode)
         return [key for key, _value in node.entry.xattrs] if node.entry else []
 
@@ -479,9 +528,9 @@ class ViewOperations(pyfuse3.Operations):
         if self.no_open:
             raise pyfuse3.FUSEError(errno.ENOSYS)
         node = self._node(inode)
-        listing: list[tuple[bytes, Callable[[], Node]]]
+        listing: list[tuple[bytes, Callable[[], Node | None]]]
         if node.entry is None:
-            listing = []
+            listing = [(STATUS_NAME, _no_node)]  # .checkpoints.json (not a Node)
             for ref in sorted(await self.shown(), key=lambda r: self._serial[r.id]):
                 root = await self._checkpoint_root(ref)
                 if root is not None:
@@ -505,6 +554,10 @@ class ViewOperations(pyfuse3.Operations):
         for i in range(start_id, len(listing)):
             name, make = listing[i]
             node = make()
+            if node is None:
+                if not pyfuse3.readdir_reply(token, name, self._status_attrs(), i + 1):
+                    break
+                continue
             if not pyfuse3.readdir_reply(token, name, self._attrs(node), i + 1):
                 self.inodes.drop_if_unused(node)
                 break
@@ -513,16 +566,21 @@ class ViewOperations(pyfuse3.Operations):
     async def _readdir_inode(self, ino: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         """``readdir`` without ``opendir``: a checkpoint's directory never changes, so an
         entry's position is its offset; the root's entries are offset by their serial
-        (first seen first), so a listing in several calls skips or repeats none of those
-        that stay while checkpoints come and go."""
+        (first seen first) after ``.checkpoints.json`` at 1, so a listing in several calls
+        skips or repeats none of those that stay while checkpoints come and go."""
         node = self._node(ino)
         if node.entry is None:
-            for ref in sorted(await self.shown(), key=lambda r: self._serial[r.id]):
-                serial = self._serial[ref.id]
-                root = await self._checkpoint_root(ref) if serial > start_id else None
+            shown = sorted(await self.shown(), key=lambda r: self._serial[r.id])
+            if start_id < 1 and not pyfuse3.readdir_reply(
+                token, STATUS_NAME, self._status_attrs(), 1
+            ):
+                return
+            for ref in shown:
+                offset = self._serial[ref.id] + 1
+                root = await self._checkpoint_root(ref) if offset > start_id else None
                 if root is None:
                     continue
-                if not pyfuse3.readdir_reply(token, ref.id.encode(), self._attrs(root), serial):
+                if not pyfuse3.readdir_reply(token, ref.id.encode(), self._attrs(root), offset):
                     self.inodes.drop_if_unused(root)
                     return
                 self.inodes.remember(root)
@@ -552,9 +610,14 @@ class ViewOperations(pyfuse3.Operations):
         is pinned at its first read instead, see the module docstring)."""
         if self.no_open:
             raise pyfuse3.FUSEError(errno.ENOSYS)
-        node = self._node(inode)
         if flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC:
             raise _erofs()
+        if inode == STATUS_INODE:  # the handle keeps the bytes it opened
+            await self.shown()
+            fh = self._new_fh()
+            self._status_fhs[fh] = self._status
+            return pyfuse3.FileInfo(fh=fh, keep_cache=False)
+        node = self._node(inode)
         if node.entry is None or node.entry.kind is Kind.DIR:
             raise pyfuse3.FUSEError(errno.EISDIR)
         if node.entry.kind is not Kind.FILE:  # devices and fifos never reach us (nodev)
@@ -679,8 +742,13 @@ class ViewOperations(pyfuse3.Operations):
 
     @_handler
     async def read(self, fh: int, off: int, size: int) -> bytes:
+        if self.no_open and fh == STATUS_INODE:
+            await self.shown()
+            return self._status[off : off + size]
         if self.no_open:  # fh is the file's inode
             return await self._read_inode(fh, off, size)
+        if fh in self._status_fhs:
+            return self._status_fhs[fh][off : off + size]
         node, f = self._file(fh)
         try:
             return await f.read(off, size)
@@ -727,6 +795,8 @@ class ViewOperations(pyfuse3.Operations):
 
     @_handler
     async def release(self, fh: int) -> None:
+        if self._status_fhs.pop(fh, None) is not None:
+            return
         node, f = self._files.pop(fh, (None, None))
         if node is None or f is None:
             return
@@ -786,6 +856,10 @@ class ViewOperations(pyfuse3.Operations):
 
 def _same(node: Node) -> Node:
     return node
+
+
+def _no_node() -> None:
+    return None
 
 
 def _pin_and_read(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from sprite_env.checkpoints.registry import Registry
+from sprite_env.store.remote import durable_checkpoints
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -42,6 +43,10 @@ class CheckpointRef:
     is_auto: bool
     files: int = 0
     bytes: int = 0
+    comment: str = ""
+    created: str = ""  # RFC 3339 (the API's create_time)
+    #: ``remote`` once a generation the store pushed holds it, else ``local`` (issue 14)
+    storage: str = "local"
 
 
 class CheckpointSource(Protocol):
@@ -88,8 +93,21 @@ class StoreSource:
         return cls(engine.store, engine.registry)
 
     def checkpoints(self) -> list[CheckpointRef]:
+        """Every checkpoint, newest first, each with its storage as the store recorded it
+        (what ``list`` shows; a daemon's uploader records a push before it says so)."""
+        remote = durable_checkpoints(self.store)
         return [
-            CheckpointRef(c.id, c.top_tree, c.create_time_ns, c.is_auto, c.files, c.bytes)
+            CheckpointRef(
+                c.id,
+                c.top_tree,
+                c.create_time_ns,
+                c.is_auto,
+                c.files,
+                c.bytes,
+                c.comment,
+                c.create_time,
+                "remote" if c.id in remote else "local",
+            )
             for c in self.registry.all()
         ]
 

@@ -122,7 +122,7 @@ def test_the_view_follows_creates_and_deletes(daemon: Any) -> None:
         assert f.read() == b"127.0.0.1 localhost\n"
     write_file(os.path.join(daemon.root, "etc/hosts"), b"changed\n")
     daemon.create()
-    assert sorted(os.listdir(mp)) == ["v0", "v1"]
+    assert sorted(os.listdir(mp)) == [".checkpoints.json", "v0", "v1"]
     p = subprocess.run(
         ["diff", os.path.join(mp, "v0/etc/hosts"), os.path.join(daemon.root, "etc/hosts")],
         capture_output=True,
@@ -131,7 +131,7 @@ def test_the_view_follows_creates_and_deletes(daemon: Any) -> None:
     assert p.returncode == 1
     assert "< 127.0.0.1 localhost" in p.stdout
     daemon.request("DELETE", "/v1/checkpoints/v0")
-    assert os.listdir(mp) == ["v1"]
+    assert os.listdir(mp) == [".checkpoints.json", "v1"]
     trees.assert_trees_equal(daemon.root, os.path.join(mp, "v1"))
 
 
@@ -214,7 +214,7 @@ def test_a_stale_view_of_a_killed_daemon_is_cleaned_at_start(daemon_factory: Any
         os.listdir(mp)
     d2 = start_daemon(d.root, d.state)
     try:
-        assert os.listdir(mp) == ["v0"]
+        assert os.listdir(mp) == [".checkpoints.json", "v0"]
         with open(os.path.join(mp, "v0", "a"), "rb") as f:
             assert f.read() == b"a"
     finally:
@@ -256,7 +256,7 @@ def test_the_view_count_and_automatic_checkpoints(daemon_factory: Any) -> None:
     for i in range(3):
         write_file(os.path.join(d.root, "f"), str(i).encode())
         d.create(f"c{i}")
-    assert sorted(os.listdir(mp)) == ["v1", "v2"]
+    assert sorted(os.listdir(mp)) == [".checkpoints.json", "v1", "v2"]
     status, evs = d.stream("POST", "/v1/checkpoints/v0/restore")
     undo = evs[-1]["undo"]
-    assert sorted(os.listdir(mp)) == sorted([undo, "v2"])
+    assert sorted(os.listdir(mp)) == sorted([".checkpoints.json", undo, "v2"])

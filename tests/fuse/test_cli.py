@@ -95,7 +95,7 @@ def test_sigterm_unmounts_and_a_killed_servers_mount_is_cleaned(
     proc = _foreground(root)
     try:
         wait_until(lambda: _mounted(mnt), what="the mount")
-        assert os.listdir(mnt) == ["v0"]
+        assert os.listdir(mnt) == [".checkpoints.json", "v0"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
         assert not _mounted(mnt)
@@ -112,7 +112,7 @@ def test_sigterm_unmounts_and_a_killed_servers_mount_is_cleaned(
 
         r = run_cli("--root", root, "checkpoints", "mount")  # cleans it and mounts
         assert r.returncode == 0, r.stderr
-        assert os.listdir(mnt) == ["v0"]
+        assert os.listdir(mnt) == [".checkpoints.json", "v0"]
         assert run_cli("--root", root, "checkpoints", "unmount").returncode == 0
     finally:
         if proc.poll() is None:

@@ -124,16 +124,16 @@ def test_the_root_follows_checkpoints_though_the_kernel_caches_listings(
             f.write(str(i))
         engine.create()
     with mount(list_ttl=3600.0) as m:
-        assert sorted(os.listdir(m.mountpoint)) == ["v0", "v1", "v2"]
+        assert sorted(os.listdir(m.mountpoint)) == [".checkpoints.json", "v0", "v1", "v2"]
         before = _requests(m)["readdir"]
-        assert sorted(os.listdir(m.mountpoint)) == ["v0", "v1", "v2"]
+        assert sorted(os.listdir(m.mountpoint)) == [".checkpoints.json", "v0", "v1", "v2"]
         assert _requests(m)["readdir"] == before  # cached by the kernel
         engine.delete("v1")  # neither the newest nor the root's date changes
         m.ops.refresh()
-        assert sorted(os.listdir(m.mountpoint)) == ["v0", "v2"]
+        assert sorted(os.listdir(m.mountpoint)) == [".checkpoints.json", "v0", "v2"]
         engine.create()
         m.ops.refresh()
-        assert sorted(os.listdir(m.mountpoint)) == ["v0", "v2", "v3"]
+        assert sorted(os.listdir(m.mountpoint)) == [".checkpoints.json", "v0", "v2", "v3"]
         with open(m.path("v3", "f")) as f:
             assert f.read() == "2"
 

@@ -30,16 +30,18 @@ def test_checkpoints_appear_and_disappear_while_mounted(
     _write(root, "f", "zero")
     engine.create()
     with mount(list_ttl=0.2) as m:
-        assert os.listdir(m.mountpoint) == ["v0"]
+        assert os.listdir(m.mountpoint) == [".checkpoints.json", "v0"]
         _write(root, "f", "one")
         engine.create()  # through the engine the mount reads from: the daemon's shape
-        wait_until(lambda: sorted(os.listdir(m.mountpoint)) == ["v0", "v1"], what="v1")
+        wait_until(
+            lambda: sorted(os.listdir(m.mountpoint)) == [".checkpoints.json", "v0", "v1"], what="v1"
+        )
         with open(m.path("v1", "f")) as f:
             assert f.read() == "one"
         with open(m.path("v0", "f")) as f:
             assert f.read() == "zero"
         engine.delete("v0")
-        wait_until(lambda: os.listdir(m.mountpoint) == ["v1"], what="v0 to go")
+        wait_until(lambda: os.listdir(m.mountpoint) == [".checkpoints.json", "v1"], what="v0 to go")
         # the kernel was told to forget the name: no stale lookup succeeds
         wait_until(lambda: not os.path.exists(m.path("v0")), what="v0's dentry to go")
         with pytest.raises(FileNotFoundError):
@@ -51,11 +53,14 @@ def test_refresh_shows_a_new_checkpoint_at_once(
 ) -> None:
     engine.create()
     with mount(list_ttl=3600.0) as m:
-        assert os.listdir(m.mountpoint) == ["v0"]
+        assert os.listdir(m.mountpoint) == [".checkpoints.json", "v0"]
         engine.create()
-        assert os.listdir(m.mountpoint) == ["v0"]  # within its TTL the listing stands
+        assert os.listdir(m.mountpoint) == [
+            ".checkpoints.json",
+            "v0",
+        ]  # within its TTL the listing stands
         m.ops.refresh()  # what a host calls after a job (thread-safe)
-        assert sorted(os.listdir(m.mountpoint)) == ["v0", "v1"]
+        assert sorted(os.listdir(m.mountpoint)) == [".checkpoints.json", "v0", "v1"]
         assert os.path.isdir(m.path("v1"))
 
 
@@ -67,7 +72,7 @@ def test_only_the_newest_count_are_shown_and_auto_ones_on_request(
         engine.create()
     auto = engine.create(auto=True)
     with mount(count=2) as m:
-        assert sorted(os.listdir(m.mountpoint)) == ["v2", "v3"]
+        assert sorted(os.listdir(m.mountpoint)) == [".checkpoints.json", "v2", "v3"]
         with pytest.raises(FileNotFoundError):
             os.stat(m.path("v1"))
         with pytest.raises(FileNotFoundError):
@@ -75,7 +80,7 @@ def test_only_the_newest_count_are_shown_and_auto_ones_on_request(
         # the root is dated by the newest checkpoint shown
         assert os.stat(m.mountpoint).st_mtime_ns == engine.info("v3").create_time_ns
     with mount(count=2, include_auto=True) as m:
-        assert sorted(os.listdir(m.mountpoint)) == sorted([auto.id, "v3"])
+        assert sorted(os.listdir(m.mountpoint)) == sorted([".checkpoints.json", auto.id, "v3"])
         with open(m.path(auto.id, "f")) as f:
             assert f.read() == "3"
 

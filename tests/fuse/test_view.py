@@ -49,7 +49,7 @@ def test_a_checkpoint_is_shown_exactly_as_captured(
     root: str, sample: trees.Snapshot, mount: Callable[..., Mounted]
 ) -> None:
     with mount() as m:
-        assert os.listdir(m.mountpoint) == ["v0"]
+        assert os.listdir(m.mountpoint) == [".checkpoints.json", "v0"]
         # every fact: type, mode, owner, size, ns mtime, content, symlink target, rdev,
         # xattrs of every namespace, hard-link groups and st_nlink, the root's own entry
         # (holes are not compared: pyfuse3 has no lseek, so SEEK_HOLE finds none; their
