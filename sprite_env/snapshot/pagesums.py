@@ -253,6 +253,18 @@ class Lookup:
         one before it), or None."""
         return self._get(path, [path, _previous(path)], pieces)
 
+    def paths(self) -> list[bytes]:
+        """The paths that have a vector: the big files captured before (a capture starts
+        reading those changed in place before its walk reaches them)."""
+        if not self._present:
+            return []
+        try:
+            rows = self._catalog.query("SELECT path FROM pagesums")
+        except SpriteError as e:
+            log.warning("page digests not listed: %s", e)
+            return []
+        return [p for p in (bytes(r[0]) for r in rows) if b"\0" not in p]
+
     def _get(self, path: bytes, keys: list[bytes], pieces: bytes | None) -> PageSums | None:
         if not self._present:
             return None
