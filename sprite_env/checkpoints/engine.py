@@ -278,6 +278,7 @@ class Engine:
             self.excludes = Excludes([p.encode() for p in excludes or []])
             for d in [store_dir, *(exclude_dirs or [])]:
                 self.excludes.add_dir(d)
+            self._usage = usage.Usage()  # unique_bytes, kept up to date between calls
             self._bind_cache_to_root()
             self._forget_lost()
             #: Why a restore interrupted by a crash could not be finished at this open
@@ -291,7 +292,6 @@ class Engine:
             #: The bytes the check read and verified, kept for its restore (which then
             #: reads nothing while the environment is down).
             self._kept = Prefetched()
-            self._decoded: usage.Children = {}  # trees decoded for unique_bytes, kept
             if resume:
                 try:
                     self.resume_pending(progress)
@@ -441,7 +441,10 @@ class Engine:
                     reread=ep.reread,
                     page_sums=pagesums.Lookup(self.store.catalog),
                 )
-            w.flush()
+            # The record goes in a pack of its own (a lost trees' pack must not take it
+            # along), so the capture's packs are finished here; the one fsync of packs/
+            # that makes all their names durable is the commit's.
+            w.flush(durable=False)
             walk = ep.walked(r)
             if (skip_unchanged and r.top_tree == parent_tree) or r.top_tree == skip_if:
                 w.commit(lambda db: _save_cache(db, r))
@@ -1165,7 +1168,7 @@ class Engine:
         def stored(oids: Iterable[ObjectId]) -> dict[ObjectId, int]:
             return {o: loc.entry.stored_len for o, loc in self.store.locate_many(oids).items()}
 
-        return usage.unique_bytes(self.store.read, stored, self.registry.all(), self._decoded)
+        return self._usage.unique_bytes(self.store.read, stored, self.registry.all())
 
     def plan_delete(self, cids: list[str]) -> DeleteReport:
         """What :meth:`delete_many` would free, computed by the same prune plan but not
@@ -1324,6 +1327,7 @@ class Engine:
 
         if lost:
             self.store.forget_lost(lost, purge)
+            self._usage.forget()  # their objects' sizes left the catalog with them
         else:
             with self.store.catalog.transaction() as db:
                 purge(db, set())

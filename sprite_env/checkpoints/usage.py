@@ -16,6 +16,7 @@ is under its rewrite threshold; ``Engine.delete(dry_run=True)`` gives that exact
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -104,6 +105,120 @@ def unique_bytes(
             out[cid] = total + sizes.get(oid, 0)
     out.update(dict.fromkeys(unknown & out.keys()))
     return out
+
+
+class Usage:
+    """:func:`unique_bytes` kept between calls and brought up to date from what changed.
+
+    A checkpoint added since the last call is walked alone, on the ownership the others
+    left: it descends only into objects no checkpoint reached before (its change), and a
+    subtree it meets that one other checkpoint owns becomes SHARED down to where it already
+    was; only the objects it newly owns are looked up for their size. On the medium layer
+    (130k objects, two checkpoints) a call after a step took 155 ms as a full pass, every
+    time, and grew with the store. Any other change of the set (a checkpoint gone, a row
+    that is not the one seen) and :meth:`forget` (objects left the catalog) start over.
+    The result equals :func:`unique_bytes` of the same checkpoints (a test proves it).
+    """
+
+    def __init__(self) -> None:
+        #: Decoded trees and chunk lists (see :data:`Children`), kept across a start over.
+        self.children: Children = {}
+        #: Objects the last call walked (for tests and benchmarks).
+        self.visited = 0
+        self._lock = threading.Lock()  # the daemon's answers and its jobs call from threads
+        self.forget()
+
+    def forget(self) -> None:
+        """Starts over at the next call (objects left the catalog: lost packs)."""
+        self._owner: dict[ObjectId, str] = {}
+        self._size: dict[ObjectId, int] = {}  # of owned objects, counted in _totals
+        self._unsized: set[ObjectId] = set()  # owned objects whose size is not asked yet
+        self._totals: dict[str, int] = {}
+        self._unknown: set[str] = set()
+        self._seen: dict[str, tuple[ObjectId, ObjectId | None]] = {}
+
+    def unique_bytes(
+        self, read: ReadObject, stored: StoredSizes, checkpoints: list[Checkpoint]
+    ) -> dict[str, int | None]:
+        """Each checkpoint's bytes that no other holds (see :func:`unique_bytes`)."""
+        with self._lock:
+            return self._update(read, stored, checkpoints)
+
+    def _update(
+        self, read: ReadObject, stored: StoredSizes, checkpoints: list[Checkpoint]
+    ) -> dict[str, int | None]:
+        rows = {c.id: (c.top_tree, c.record) for c in checkpoints}
+        if any(rows.get(cid) != seen for cid, seen in self._seen.items()):
+            self.forget()
+        if len(self.children) > MAX_KEPT:
+            self.children = {}
+        self.visited = 0
+        for c in checkpoints:
+            if c.id not in self._seen:
+                self._add(read, c)
+                self._seen[c.id] = rows[c.id]
+        if self._unsized:
+            todo, self._unsized = list(self._unsized), set()
+            sizes = stored(todo)
+            for oid in todo:
+                n = self._size[oid] = sizes.get(oid, 0)
+                self._totals[self._owner[oid]] += n
+        out: dict[str, int | None] = {c.id: self._totals[c.id] for c in checkpoints}
+        out.update(dict.fromkeys(self._unknown & out.keys()))
+        return out
+
+    def _add(self, read: ReadObject, c: Checkpoint) -> None:
+        owner, children = self._owner, self.children
+        sizes, unsized, totals = self._size, self._unsized, self._totals
+        totals[c.id] = 0
+        visited = 0
+
+        def below(oid: ObjectId, kind: int) -> list[tuple[ObjectId, int]]:
+            if kind == _DATA:
+                return []
+            got = children.get(oid)
+            if got is None:
+                try:
+                    got = children[oid] = _children(read(oid), kind)
+                except (SpriteError, ValueError):
+                    self._unknown.add(c.id)
+                    return []
+            return got
+
+        def share(start: ObjectId, kind: int) -> int:
+            stack = [(start, kind)]
+            n = 0
+            while stack:
+                oid, k = stack.pop()
+                held = owner.get(oid)
+                if held == _SHARED:
+                    continue
+                n += 1
+                if held is not None:
+                    size = sizes.pop(oid, None)
+                    if size is None:
+                        unsized.discard(oid)
+                    else:
+                        totals[held] -= size
+                owner[oid] = _SHARED
+                stack.extend(below(oid, k))
+            return n
+
+        if c.record is not None and c.record not in owner:  # a record is its row's alone
+            owner[c.record] = c.id
+            unsized.add(c.record)
+        todo = [(c.top_tree, _TREE)]
+        while todo:
+            oid, kind = todo.pop()
+            visited += 1
+            held = owner.get(oid)
+            if held is None:
+                owner[oid] = c.id
+                unsized.add(oid)
+                todo.extend(below(oid, kind))
+            elif held != c.id and held != _SHARED:
+                visited += share(oid, kind)
+        self.visited += visited
 
 
 def _children(data: bytes, kind: int) -> list[tuple[ObjectId, int]]:

@@ -126,8 +126,15 @@ class PackWriter:
         self.entries.append(entry)
         return entry
 
-    def finish(self, packs_dir: str) -> tuple[PackName, int]:
+    def finish(self, packs_dir: str, *, sync_dir: bool = True) -> tuple[PackName, int]:
         """Writes the table and footer, makes the pack durable and gives it its name.
+
+        Args:
+            packs_dir: where the pack goes.
+            sync_dir: fsync ``packs_dir`` after the rename. False for a caller that
+                publishes several packs and fsyncs the directory once, before any catalog
+                row names them (``StoreWriter.flush``): until then a pack whose name did
+                not reach the disk is only an orphan that never existed.
 
         Returns:
             The pack's name and size in bytes.
@@ -151,7 +158,8 @@ class PackWriter:
         crashpoint("pack-before-rename")
         os.rename(self.tmp_path, pack_path(packs_dir, name))
         crashpoint("pack-after-rename")
-        _fsync_dir(packs_dir)
+        if sync_dir:
+            _fsync_dir(packs_dir)
         return name, self.size
 
     def abort(self) -> None:

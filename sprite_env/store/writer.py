@@ -22,7 +22,7 @@ from sprite_env.errors import StoreError
 from sprite_env.store import codec
 from sprite_env.store.catalog import CommitHook, add_meta_counter, insert_pack
 from sprite_env.store.faults import crashpoint
-from sprite_env.store.pack import Entry, ObjectKind, PackWriter, pack_path
+from sprite_env.store.pack import Entry, ObjectKind, PackWriter, _fsync_dir, pack_path
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -75,6 +75,7 @@ class StoreWriter:
         # in futures and locks (measured: ~10 us each, with the GIL held) than zstd saves.
         self._batch: list[tuple[ObjectId, bytes, ObjectKind]] = []
         self._batch_bytes = 0
+        self._unsynced_names = False  # packs renamed into packs/ since its last fsync
 
     def __enter__(self) -> StoreWriter:
         return self
@@ -176,12 +177,15 @@ class StoreWriter:
 
     def _finish_pack(self, cls: int) -> None:
         w = self._open.pop(cls)
-        name, size = w.finish(self.store.packs_dir)
+        # The directory is fsync'd once for all the packs of a commit (flush), not per pack.
+        name, size = w.finish(self.store.packs_dir, sync_dir=False)
         self._finished.append((name, cls, size, w.entries))
+        self._unsynced_names = True
         self.stats.packs_written += 1
 
-    def flush(self) -> None:
-        """Waits for all puts and publishes the open packs (not yet committed)."""
+    def drain(self) -> None:
+        """Waits until every put so far is encoded and appended (so :attr:`stats` are final),
+        leaving the open packs open: what is put next joins them."""
         with self._lock:
             batch, self._batch, self._batch_bytes = self._batch, [], 0
         if batch:
@@ -190,10 +194,26 @@ class StoreWriter:
             futures, self._futures = self._futures, []
         wait(futures)
         self._raise_pending_error()
+
+    def flush(self, *, durable: bool = True) -> None:
+        """Waits for all puts and publishes the open packs (not yet committed).
+
+        Args:
+            durable: also fsync ``packs/`` for the names of the packs published since its
+                last fsync (:meth:`commit` always does, before its transaction). False for a
+                caller that puts more before it commits: one fsync then covers both.
+        """
+        self.drain()
         with self._pack_lock:
             for cls in list(self._open):
                 if self._open[cls].entries:
                     self._finish_pack(cls)
+            if durable and self._unsynced_names:
+                # One fsync of packs/ makes every rename since the last one durable: it must
+                # come before the transaction whose rows name these packs commits (a row
+                # naming a pack the disk forgot would be a lost pack, not an orphan).
+                _fsync_dir(self.store.packs_dir)
+                self._unsynced_names = False
 
     def commit(self, hook: CommitHook | None = None) -> list[PackName]:
         """Makes everything put so far part of the store, in one catalog transaction.

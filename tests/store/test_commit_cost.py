@@ -1,0 +1,113 @@
+"""What a commit does on the disk (issue 11): one fsync of ``packs/`` for all the packs it
+publishes, and the catalog's WAL copied back into the database after the commit, by a
+thread of its own, not inside the COMMIT of whoever passed SQLite's 1,000 pages."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+from typing import TYPE_CHECKING
+
+import blake3
+
+import sprite_env.store.pack as pack_mod
+import sprite_env.store.writer as writer_mod
+from sprite_env.checkpoints import Engine
+from sprite_env.checkpoints.verify import verify_store
+from sprite_env.store import open_store
+
+if TYPE_CHECKING:
+    import pytest
+
+    from sprite_env.store import Store
+
+
+def _blob(i: int) -> bytes:  # incompressible
+    return blake3.blake3(b"%d" % i).digest(length=8000)
+
+
+def _count_dir_fsyncs(monkeypatch: pytest.MonkeyPatch, packs_dir: str) -> list[str]:
+    """Records every fsync of ``packs_dir`` (and still makes it: a spy, not a stand-in)."""
+    seen: list[str] = []
+    real = pack_mod._fsync_dir
+
+    def spy(path: str) -> None:
+        if os.path.abspath(path) == os.path.abspath(packs_dir):
+            seen.append(path)
+        real(path)
+
+    monkeypatch.setattr(pack_mod, "_fsync_dir", spy)
+    monkeypatch.setattr(writer_mod, "_fsync_dir", spy)
+    return seen
+
+
+def test_one_directory_fsync_for_all_the_packs_of_a_commit(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _count_dir_fsyncs(monkeypatch, store.packs_dir)
+    with store.writer(pack_size=50_000) as w:
+        ids = [w.put(_blob(i)) for i in range(60)]  # 480 kB: about ten packs
+        names = w.commit()
+    assert len(names) >= 8
+    assert len(seen) == 1  # was one per pack
+    assert [store.read(i) for i in ids] == [_blob(i) for i in range(60)]
+    assert verify_store(store, read_data=True).ok
+
+
+def test_a_create_fsyncs_packs_once(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    os.makedirs(root)
+    for i in range(20):
+        with open(os.path.join(root, f"f{i}"), "wb") as f:
+            f.write(_blob(i) * 3)
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        seen = _count_dir_fsyncs(monkeypatch, e.store.packs_dir)
+        cp = e.create("v0")
+        packs = len(e.store.catalog.packs())
+        assert packs == 3  # data, trees, and the record in a pack of its own
+        assert len(seen) == 1  # was 3: one per pack
+        assert e.store.read(cp.top_tree)
+
+
+def test_the_wal_is_copied_back_after_the_commit_not_in_it(store: Store) -> None:
+    copier = store.catalog._copier
+    assert copier is not None
+    # SQLite's automatic copy is off on the writer's connection: no COMMIT pays for it.
+    assert store.catalog._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    with store.writer() as w:
+        ids = [w.put(os.urandom(64)) for _ in range(30_000)]  # > 1,000 pages of rows
+        w.commit()
+    copier.settle()
+    assert copier.copies >= 1
+    # Copied in full: a checkpoint finds every frame of the WAL already in the database,
+    # and the database file alone (no WAL beside it) holds the new rows.
+    probe = sqlite3.connect(store.catalog.path)
+    try:
+        busy, frames, done = probe.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    finally:
+        probe.close()
+    assert busy == 0
+    assert frames == done
+    alone = os.path.join(store.path, "alone.db")
+    shutil.copy(store.catalog.path, alone)
+    db = sqlite3.connect(alone)
+    try:
+        (n,) = db.execute("SELECT count(*) FROM objects").fetchone()
+    finally:
+        db.close()
+    assert n == len(set(ids))
+
+
+def test_a_reopened_store_has_what_was_committed_while_the_copier_ran(store_dir: str) -> None:
+    with open_store(store_dir, create=True) as s:
+        for round_ in range(5):
+            with s.writer() as w:
+                for i in range(500):
+                    w.put(b"%d-%d" % (round_, i) * 20)
+                w.commit()
+    with open_store(store_dir, writable=False) as s:
+        assert s.catalog.object_count() == 2500
+        assert verify_store(s, read_data=True).ok
