@@ -24,6 +24,16 @@ downloads the pack from the bucket first. So a machine that pulled only a catalo
   here (a rename), and it may be evicted like any fetched pack. So the bound never
   pushes out the only copy of a pack.
 
+- A read of a few objects of a pack that is not cached (the view or ``checkpoints cat``
+  of one small file on a fresh machine) may fetch just their byte ranges instead
+  (:meth:`RemotePacks.open_entries`): one ranged GET per run of nearby objects, into a
+  private, unlinked file of the pack's size that only its caller reads (its other bytes
+  are holes, never read: the caller reads only those objects, each checked by the
+  reader's hash, as it is not verified against the pack's name). Only while the ranges
+  are a small part of the pack (:data:`RANGE_SHARE`, :data:`RANGE_MAX` requests) and the
+  pack has not been read so :data:`RANGE_READS` times already; else the pack is fetched
+  whole and cached as above.
+
 - A disk that fills before the bound is reached (the cache shares it with the layer, or
   the bound is larger than the disk): a download that fails with ``ENOSPC`` unlinks the
   least recently opened entries until the pack fits and is tried once more; if the disk
@@ -65,6 +75,18 @@ DEFAULT_MAX_BYTES = 2 << 30
 #: at a time, an export on a fresh machine from the local Swift ran at 24 MB/s against
 #: restic's 4 connections; more than the two cores can verify gains nothing.
 PREFETCH_WORKERS = 4
+#: A read fetches only its byte ranges while they are at most this share of the pack (a
+#: 32 MiB pack: 4 MiB); more, and the whole pack is worth its one download and a place in
+#: the cache for the reads that follow.
+RANGE_SHARE = 1 / 8
+#: ... in at most this many ranged GETs (each a round trip, ~7 ms on the local Swift)...
+RANGE_MAX = 16
+#: ... merging ranges this close (the bytes between are fetched and unused), as the
+#: reader's runs do (``reader.MAX_GAP``).
+RANGE_GAP = 64 << 10
+#: A pack read by ranges this many times is fetched whole at the next read: it is being
+#: read often (a walk of many trees in one tree pack), and the cache keeps it.
+RANGE_READS = 4
 
 
 @dataclass
@@ -75,6 +97,8 @@ class CacheStats:
     fetched: int = 0
     bytes_fetched: int = 0
     evicted: int = 0
+    ranged: int = 0  # ranged GETs (open_entries)
+    bytes_ranged: int = 0
 
 
 class CacheFull(StoreError):
@@ -101,6 +125,7 @@ class RemotePacks:
         privacy.make_dir(cache_dir)
         self._lock = threading.Lock()
         self._fetching: dict[str, threading.Lock] = {}
+        self._range_reads: dict[str, int] = {}  # pack -> reads by range so far
         #: The bucket's packs (name -> size), listed at the first :meth:`size` of a pack
         #: not cached; a lock of its own, so no open waits for a listing.
         self._listed: dict[str, int] | None = None
@@ -235,6 +260,59 @@ class RemotePacks:
                 self._evict(keep=name)
             return fd
 
+    def open_entries(self, name: PackName, spans: Iterable[tuple[int, int]]) -> int | None:
+        """A descriptor of a new private file of the pack's size that holds the pack's
+        bytes at ``spans`` (``(offset, length)`` pairs) and holes elsewhere, fetched by
+        ranged GETs; or None: the pack is cached, not listed, or the spans are too large
+        a part of it (see the module docstring), so :meth:`open` it whole.
+
+        The file is unlinked from its birth (``O_TMPFILE`` in the cache's directory): no
+        one else can open it, and its space goes when the caller closes it. The caller
+        must read nothing outside ``spans``; an object read from them is checked by the
+        reader's hash (the bytes cannot be verified against the pack's name).
+
+        Raises:
+            FileNotFoundError: the pack left the bucket since it was listed.
+            RemoteError: a request failed.
+            OSError: the file could not be made (a full disk).
+        """
+        with self._lock:
+            if name in self._entries or self._range_reads.get(name, 0) >= RANGE_READS:
+                return None
+        size = self._listing().get(name)
+        if size is None:
+            return None  # open() asks the bucket, and says it is missing
+        runs: list[list[int]] = []  # [start, end)
+        for offset, length in sorted(spans):
+            end = min(offset + length, size)
+            if runs and offset - runs[-1][1] <= RANGE_GAP:
+                runs[-1][1] = max(runs[-1][1], end)
+            elif offset < end:
+                runs.append([offset, end])
+        if not runs or len(runs) > RANGE_MAX:
+            return None
+        if sum(end - start for start, end in runs) > size * RANGE_SHARE:
+            return None
+        fd = _private_file(self.dir)
+        try:
+            os.ftruncate(fd, size)  # holes: reads keep to the pack's bounds
+            got = 0
+            for start, end in runs:
+                try:
+                    data = self.storage.get_range(f"packs/{name}.pack", start, end - start)
+                except RemoteNotFound:
+                    raise FileNotFoundError(f"pack {name} is not in {self.storage!r}") from None
+                os.pwrite(fd, data, start)
+                got += len(data)
+        except BaseException:
+            os.close(fd)
+            raise
+        with self._lock:
+            self._range_reads[name] = self._range_reads.get(name, 0) + 1
+            self.stats.ranged += len(runs)
+            self.stats.bytes_ranged += got
+        return fd
+
     def prefetch(self, names: Iterable[PackName]) -> None:
         """Fetches the packs of ``names`` not cached, several at once (a reader about to
         open them one by one would wait for each download in turn). At most half the
@@ -326,4 +404,26 @@ class RemotePacks:
         return size
 
 
-__all__ = ["DEFAULT_MAX_BYTES", "CacheFull", "CacheStats", "RemotePacks"]
+def _private_file(directory: str) -> int:
+    """A new read-write file in ``directory`` that no name points to (0600)."""
+    try:
+        return os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            raise
+    # A file system without O_TMPFILE: a name for an instant.
+    path = os.path.join(directory, f".ranges-{os.getpid()}-{threading.get_ident()}.part")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    os.unlink(path)
+    return fd
+
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "RANGE_MAX",
+    "RANGE_READS",
+    "RANGE_SHARE",
+    "CacheFull",
+    "CacheStats",
+    "RemotePacks",
+]

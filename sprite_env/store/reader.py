@@ -39,10 +39,11 @@ plugs in below this module, as a :class:`~sprite_env.store.ports.PackOpener` giv
 bytes. Over object storage that file is a cache entry: fetched on a miss under a temporary
 name and renamed (a pack is immutable and named by its hash, so a cached copy never goes
 stale and needs no invalidation), evicted by unlinking, which readers holding a descriptor
-survive exactly as they survive a prune here. Fetching only the byte ranges read (the runs
-of :func:`read_entries`, ``MAX_RUN`` at most, map onto ranged GETs) fits behind the same
-call. Everything above (lookups, coalescing, parsing, decoding, hashing, pinning) stays as
-it is.
+survive exactly as they survive a prune here. A pin of a few objects of a pack not held
+locally may instead get a private descriptor holding just their byte ranges
+(:meth:`PackFiles.open_entries`, an opener's optional ``open_entries``: ranged GETs),
+which it alone reads, and only at those objects. Everything above (lookups, coalescing,
+parsing, decoding, hashing, pinning) stays as it is.
 """
 
 from __future__ import annotations
@@ -120,6 +121,31 @@ class PackFiles:
         with self._lock:
             todo = [n for n in names if n not in self._slots]
         fetch(todo)
+
+    @property
+    def ranges(self) -> bool:
+        """Whether the opener reads packs by range (:meth:`open_entries` may answer)."""
+        return hasattr(self._opener, "open_entries")
+
+    def open_entries(self, name: PackName, spans: list[tuple[int, int]]) -> int | None:
+        """A private descriptor holding only the pack's bytes at ``spans`` (``(offset,
+        length)`` pairs), where the opener would rather fetch those than the pack (a store
+        in object storage: ``RemotePacks.open_entries``); None: :meth:`acquire` it (an
+        opener without ranges, a pack open here already, or too much of it wanted). The
+        caller closes the descriptor and reads nothing outside ``spans``.
+
+        Raises:
+            FileNotFoundError: the pack is gone.
+            OSError, StoreError: as the opener's.
+        """
+        fetch = getattr(self._opener, "open_entries", None)
+        if fetch is None:
+            return None
+        with self._lock:
+            if name in self._slots:
+                return None
+        fd: int | None = fetch(name, spans)
+        return fd
 
     def acquire(self, name: PackName) -> PackSlot:
         """A descriptor of the pack, held until :meth:`release`.
@@ -365,6 +391,9 @@ class PackPin:
         self._damaged = store.damaged
         self._where: dict[ObjectId, Located] = {}
         self._slots: dict[PackName, PackSlot] = {}
+        # Private descriptors of packs read by range (PackFiles.open_entries): only the
+        # pinned objects' bytes are in them, and only those are ever read.
+        self._own: dict[PackName, int] = {}
         done = False
         try:
             self._pin(store, list(dict.fromkeys(oids)))
@@ -384,8 +413,31 @@ class PackPin:
             self._where.update(where)
             gone = set()
             packs = sorted({loc.pack for loc in where.values()} - self._slots.keys())
-            self._files.prefetch(packs)
+            spans: dict[PackName, list[tuple[int, int]]] = {}
+            if self._files.ranges:  # (a local store's pins skip this loop)
+                for loc in where.values():
+                    e = loc.entry
+                    spans.setdefault(loc.pack, []).append((e.offset, ENTRY.size + e.stored_len))
+            whole: list[PackName] = []
             for pack in packs:
+                if pack in self._own:
+                    continue
+                if not spans:
+                    whole.append(pack)
+                    continue
+                try:
+                    fd = self._files.open_entries(pack, spans[pack])
+                except FileNotFoundError:
+                    gone.add(pack)
+                    continue
+                except OSError as e:
+                    raise StoreError(f"cannot read pack {pack}: {e}") from None
+                if fd is None:
+                    whole.append(pack)
+                else:
+                    self._own[pack] = fd
+            self._files.prefetch(whole)
+            for pack in whole:
                 if pack in self._slots:
                     continue
                 try:
@@ -432,6 +484,9 @@ class PackPin:
         return out
 
     def _fd(self, pack: PackName) -> int:
+        own = self._own.get(pack)
+        if own is not None:
+            return own
         slot = self._slots.get(pack)
         if slot is None:
             raise CorruptPack(pack, None, "read after close")
@@ -440,8 +495,11 @@ class PackPin:
     def close(self) -> None:
         """Lets go of the packs (idempotent)."""
         slots, self._slots = self._slots, {}
+        own, self._own = self._own, {}
         for slot in slots.values():
             self._files.release(slot)
+        for fd in own.values():
+            os.close(fd)
 
     def __len__(self) -> int:
         return len(self._where)

@@ -373,6 +373,28 @@ class S3Storage:
 
         return self._call("download of", name, attempt)
 
+    def get_range(self, name: str, offset: int, length: int) -> bytes:
+        """``length`` bytes of an object from ``offset`` (fewer at its end), in one ranged
+        GET (``Range: bytes=...``); a body cut short is tried again whole.
+
+        Raises:
+            RemoteNotFound: there is no such object.
+            RemoteError: the request failed (a range past the object's end is refused:
+                ``InvalidRange``).
+        """
+        last = offset + length - 1
+
+        def attempt() -> bytes:
+            r = self.client.get_object(
+                Bucket=self.url.bucket, Key=self._key(name), Range=f"bytes={offset}-{last}"
+            )
+            data: bytes = r["Body"].read()
+            if r.get("ContentRange") is None and len(data) > length:
+                data = data[offset : offset + length]  # a server that ignored the range
+            return data
+
+        return self._call("download of", f"{name} (bytes {offset}-{last})", attempt)
+
     def get_file(self, name: str, path: str) -> None:
         """Downloads an object into a new file ``path`` (not fsync'd: the caller decides).
         A download cut short is tried again from the start, into a new file.

@@ -1,5 +1,6 @@
 """The bounded pack cache of a remote store (store/cache.py), under the real reader, against
-the real Swift: a fresh machine reads by fetching only the packs it touches."""
+the real Swift: a fresh machine reads by fetching only the packs it touches, and of a pack
+it reads a few objects of, only their byte ranges."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from sprite_env.errors import CorruptPack
 from sprite_env.ids import ObjectId, PackName
 from sprite_env.store import ObjectKind, open_store
-from sprite_env.store.cache import PREFETCH_WORKERS, CacheFull, RemotePacks
+from sprite_env.store.cache import PREFETCH_WORKERS, RANGE_READS, CacheFull, RemotePacks
+from sprite_env.store.pack import ENTRY
 from sprite_env.store.reader import PackFiles, read_entries
 from sprite_env.store.remote import RemoteStoreError, push
 
@@ -195,3 +198,89 @@ def test_a_full_disk_under_the_cache_makes_room_or_says_so(storage: S3Storage, t
         assert os.listdir(tiny / "cache") == []
     finally:
         subprocess.run(["umount", str(tiny)], check=True)
+
+
+def _store_of_one_big_pack(path: str, storage: S3Storage) -> dict[bytes, bytes]:
+    """A pushed store of 60 random objects of 20 kB, in one data pack of ~1.2 MB."""
+    objs = [os.urandom(20_000) for _ in range(60)]
+    with open_store(path, create=True) as s:
+        with s.writer(pack_size=4 << 20) as w:
+            ids = [w.put(o, ObjectKind.DATA) for o in objs]
+            w.commit()
+        push(s, storage)
+    return dict(zip(ids, objs, strict=True))
+
+
+def test_a_pin_of_a_few_objects_fetches_only_their_ranges(storage: S3Storage, tmp_path) -> None:
+    """One object of a pack not cached (a small file of a remote-only checkpoint): one
+    ranged GET of its bytes, nothing cached or left on disk; a pin of the whole pack, or
+    the pack read by range RANGE_READS times, fetches it whole into the cache."""
+    objs = _store_of_one_big_pack(str(tmp_path / "a"), storage)
+    [(key, size)] = storage.list("packs/").items()
+    cache = RemotePacks(storage, str(tmp_path / "cache"))
+    ids = list(objs)
+    with open_store(str(tmp_path / "a"), writable=False) as s:
+        s.pack_files = PackFiles(cache)  # the fresh machine's reader: the bucket's packs
+        with s.pin([ids[7]]) as pin:
+            assert pin.read_many([ids[7]]) == [objs[ids[7]]]
+            assert os.listdir(tmp_path / "cache") == []  # a private, unlinked file
+        assert (cache.stats.fetched, cache.stats.ranged) == (0, 1)
+        assert 20_000 <= cache.stats.bytes_ranged < 21_000  # the object and its header
+        # Two objects far apart in the pack: two ranges; one pin, one read.
+        with s.pin([ids[1], ids[50]]) as pin:
+            assert pin.read_many([ids[50], ids[1]]) == [objs[ids[50]], objs[ids[1]]]
+        assert (cache.stats.fetched, cache.stats.ranged) == (0, 3)
+        # Most of the pack: the whole pack is worth one GET and a cache entry.
+        with s.pin(ids[:40]) as pin:
+            assert pin.read_many(ids[:40]) == [objs[i] for i in ids[:40]]
+        assert cache.stats.fetched == 1
+        assert os.listdir(tmp_path / "cache") == [key[len("packs/") :]]
+        assert cache.cached_bytes() == size
+        # Once cached (and open), reads use it, never a range again.
+        with s.pin([ids[9]]) as pin:
+            assert pin.read_many([ids[9]]) == [objs[ids[9]]]
+        assert (cache.stats.fetched, cache.stats.ranged) == (1, 3)
+    again = RemotePacks(storage, str(tmp_path / "cache"))  # another process, same cache
+    with open_store(str(tmp_path / "a"), writable=False) as s:
+        s.pack_files = PackFiles(again)
+        with s.pin([ids[9]]) as pin:
+            assert pin.read_many([ids[9]]) == [objs[ids[9]]]
+        assert (again.stats.fetched, again.stats.ranged, again.stats.hits) == (0, 0, 1)
+
+    fresh = RemotePacks(storage, str(tmp_path / "cache2"))
+    with open_store(str(tmp_path / "a"), writable=False) as s:
+        s.pack_files = PackFiles(fresh)
+        for i in range(RANGE_READS):
+            with s.pin([ids[i]]) as pin:
+                assert pin.read_many([ids[i]]) == [objs[ids[i]]]
+        assert (fresh.stats.fetched, fresh.stats.ranged) == (0, RANGE_READS)
+        with s.pin([ids[30]]) as pin:  # read often: fetched whole, and cached
+            assert pin.read_many([ids[30]]) == [objs[ids[30]]]
+        assert fresh.stats.fetched == 1
+    assert fresh.open_entries(PackName("0" * 64), [(0, 100)]) is None  # not in the bucket
+
+
+def test_a_damaged_range_is_caught_by_the_objects_hash(storage: S3Storage, tmp_path) -> None:
+    """Bytes read by range are not verified against the pack's name: the reader's hash
+    of each object is what catches damage in the bucket (CorruptPack, with its offset)."""
+    objs = _store_of_one_big_pack(str(tmp_path / "a"), storage)
+    [key] = storage.list("packs/")
+    junk = str(tmp_path / "junk")
+    storage.get_file(key, junk)
+    with open(junk, "r+b") as f:  # every payload byte flipped, the headers kept
+        data = bytearray(f.read())
+    ids = list(objs)
+    with open_store(str(tmp_path / "a"), writable=False) as s:
+        loc = s.locate_many([ids[3]])[ids[3]]
+        start = loc.entry.offset + ENTRY.size
+        for i in range(start, start + loc.entry.stored_len):
+            data[i] ^= 0xFF
+        with open(junk, "wb") as f:
+            f.write(data)
+        storage.put_file(key, junk)  # damage in the bucket (never done by sprite-env)
+        s.pack_files = PackFiles(RemotePacks(storage, str(tmp_path / "cache")))
+        with s.pin([ids[3]]) as pin, pytest.raises(CorruptPack) as err:
+            pin.read_many([ids[3]])
+        assert err.value.offset == loc.entry.offset
+        with s.pin([ids[4]]) as pin:  # its neighbour, untouched, reads fine
+            assert pin.read_many([ids[4]]) == [objs[ids[4]]]

@@ -130,6 +130,19 @@ def test_a_download_cut_short_is_fetched_again(proxy: FaultProxy, bucket: str, t
     assert proxy.count("cut") == 3
 
 
+def test_a_ranged_read_cut_short_or_refused_is_tried_again(proxy: FaultProxy, bucket: str) -> None:
+    """A ranged GET (a pack read by range) rides out a body cut short and a 503 like any
+    download, and gives exactly the bytes asked for (fewer at the object's end)."""
+    storage = _storage(bucket)
+    data = os.urandom(300_000)
+    storage.put_bytes("packs/x.pack", data)
+    proxy.script("cut", method="GET", path="/packs/x.pack")
+    proxy.script("503", method="GET", path="/packs/x.pack")
+    assert storage.get_range("packs/x.pack", 1000, 50_000) == data[1000:51_000]
+    assert (proxy.count("cut"), proxy.count("503")) == (1, 1)
+    assert storage.get_range("packs/x.pack", 299_990, 100) == data[299_990:]
+
+
 def test_past_the_bound_a_push_fails_clearly_and_commits_nothing(
     proxy: FaultProxy, bucket: str, tmp_path
 ) -> None:
