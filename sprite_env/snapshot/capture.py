@@ -509,6 +509,76 @@ class _Pending:
         return self.entry is None and self.future is None
 
 
+class _Later:
+    """A directory whose tree waits for a big file read early (``Capturer._start_early``):
+    the rest of its capture (``finish``), run when its parent needs its tree. It owns the
+    directory's descriptor until then."""
+
+    __slots__ = ("capturer", "done", "fd", "finish", "rel")
+
+    def __init__(
+        self,
+        capturer: Capturer,
+        fd: int,
+        rel: bytes,
+        done: dict[bytes, tuple[ObjectId, bool]],
+        finish: Callable[[], tuple[ObjectId, bool] | None],
+    ) -> None:
+        self.capturer = capturer
+        self.fd = fd
+        self.rel = rel
+        self.done = done
+        self.finish = finish
+        capturer._later.append(self)
+
+    def result(self) -> tuple[ObjectId, bool]:
+        """Finishes the directory (entry by entry if the splice gives up, as ``_dir_walk``
+        would have), adds what it counted to its subtree's counts and closes it."""
+        c, s = self.capturer, self.capturer.stats
+        before = (s.files, s.dirs, s.symlinks, s.specials, s.bytes)
+        try:
+            out = self.finish()
+            if out is None:
+                out = c._dir_slow(self.fd, self.rel, self.done)
+        finally:
+            self.close()
+        after = (s.files, s.dirs, s.symlinks, s.specials, s.bytes)
+        t = c.totals[self.rel]
+        c.totals[self.rel] = (
+            t[0] + after[0] - before[0],
+            t[1] + after[1] - before[1],
+            t[2] + after[2] - before[2],
+            t[3] + after[3] - before[3],
+            t[4] + after[4] - before[4],
+        )
+        return out
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class _Done(dict[bytes, tuple[ObjectId, bool]]):
+    """A directory's subdirectories captured so far, by name, and those still waiting for
+    a big file's read (``later``). The big file's directory is finished only when its
+    parent needs its tree (``settle``: after the parent's other subdirectories were
+    walked), so that the read of the 215 MB database of the benchmark step overlaps the
+    walk of its siblings instead of holding it up: the walk is in name order, and the
+    database's ``data/`` comes before the project, the venv and the web app."""
+
+    __slots__ = ("later",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.later: dict[bytes, _Later] = {}
+
+    def settle(self) -> None:
+        while self.later:
+            name, later = self.later.popitem()
+            self[name] = later.result()
+
+
 class Capturer:
     """Captures one tree; see the module docstring. Use :func:`capture`."""
 
@@ -570,6 +640,7 @@ class Capturer:
         self._early: dict[bytes, tuple[Future[_Read], TreeEntry]] = {}
         self._early_fds: list[int] = []
         self.early_started = self.early_taken = 0  # (for tests and benchmarks)
+        self._later: list[_Later] = []  # directories finished late (see ``_Done``)
 
     # -- driver --------------------------------------------------------------------------
 
@@ -682,6 +753,8 @@ class Capturer:
             os.close(fd)
             for dfd in self._early_fds:
                 os.close(dfd)
+            for later in self._later:  # a capture that failed before it finished them
+                later.close()
         for rel in self._early:  # read early, then not taken by the walk: not this entry's
             self.page_sums_out.pop(rel, None)
         top_id = self.sink.put(encode_tree([top]), ObjectKind.TREE)
@@ -861,9 +934,16 @@ class Capturer:
     def _dir(self, fd: int, rel: bytes) -> tuple[ObjectId, bool]:
         """Captures the directory open at ``fd``; returns its tree id and whether it changed
         since the files cache's record of it. Records the subtree's counts in the memo."""
+        out = self._dir_or_later(fd, rel, False)
+        assert not isinstance(out, _Later)
+        return out
+
+    def _dir_or_later(self, fd: int, rel: bytes, defer: bool) -> tuple[ObjectId, bool] | _Later:
+        """:meth:`_dir`; with ``defer``, a directory still waiting for a big file read
+        early may come back as a :class:`_Later` (see ``_Done``), which then owns ``fd``."""
         s = self.stats
         before = (s.files, s.dirs, s.symlinks, s.specials, s.bytes)
-        out = self._dir_walk(fd, rel)
+        out = self._dir_walk(fd, rel, defer)
         self.totals[rel] = (
             s.files - before[0],
             s.dirs - before[1],
@@ -873,7 +953,7 @@ class Capturer:
         )
         return out
 
-    def _dir_walk(self, fd: int, rel: bytes) -> tuple[ObjectId, bool]:
+    def _dir_walk(self, fd: int, rel: bytes, defer: bool = False) -> tuple[ObjectId, bool] | _Later:
         cached = self.cache.get(rel)
         if cached is None or _scan_dir is None or rel in self._reread_dirs:
             return self._dir_slow(fd, rel, {})
@@ -885,16 +965,17 @@ class Capturer:
         counts = (files, nbytes, symlinks, specials)
         if irregular:
             return self._dir_slow(fd, rel, {})
-        done: dict[bytes, tuple[ObjectId, bool]] = {}
+        done = _Done()
         if blob != cached.stat:
-            out = self._dir_partial(fd, rel, cached, blob, subdirs, counts, done)
+            out = self._dir_partial(fd, rel, cached, blob, subdirs, counts, done, defer)
             return out if out is not None else self._dir_slow(fd, rel, done)
         for name in subdirs:
             # every child's signature matched the row: each subdirectory is the one cached
             if not self._subdir(fd, rel, name, True, done):
                 return self._dir_slow(fd, rel, done)  # replaced since the listing
+        done.settle()  # after every sibling was walked: they overlapped the reads waited for
         if any(changed for _, changed in done.values()):
-            out = self._dir_partial(fd, rel, cached, blob, subdirs, counts, done)
+            out = self._dir_partial(fd, rel, cached, blob, subdirs, counts, done, defer)
             return out if out is not None else self._dir_slow(fd, rel, done)
         self._count_listed(rel, counts)
         self.stats.dirs_reused += 1
@@ -921,10 +1002,17 @@ class Capturer:
             cfd = os.open(name, O_DIR, dir_fd=fd)
         except OSError:
             return False
+        out: tuple[ObjectId, bool] | _Later | None = None
         try:
-            done[name] = self._dir(cfd, child)
+            out = self._dir_or_later(cfd, child, isinstance(done, _Done))
         finally:
-            os.close(cfd)
+            if not isinstance(out, _Later):
+                os.close(cfd)
+        if isinstance(out, _Later):
+            assert isinstance(done, _Done)
+            done.later[name] = out
+        else:
+            done[name] = out
         return True
 
     def _count_listed(self, rel: bytes, counts: tuple[int, int, int, int]) -> None:
@@ -947,7 +1035,8 @@ class Capturer:
         subdirs: list[bytes],
         counts: tuple[int, int, int, int],
         done: dict[bytes, tuple[ObjectId, bool]],
-    ) -> tuple[ObjectId, bool] | None:
+        defer: bool = False,
+    ) -> tuple[ObjectId, bool] | _Later | None:
         """A directory that differs from its row, in proportion to what changed in it.
 
         ``blob`` is the native listing's signature blob (no socket, mount point, hard link
@@ -961,6 +1050,8 @@ class Capturer:
         Returns None, with nothing read yet, when the slow path must decide (a child
         excluded, retyped into something unusual, gone, hard-linked, or an old tree
         that cannot be spliced); subdirectories already captured are then in ``done``.
+        With ``defer``, a :class:`_Later` if a big file read early is still being read:
+        the rest is done when the parent needs this directory's tree.
         """
         if _sig_diff is None or _tree_splice is None or _tree_find is None:
             return None
@@ -990,6 +1081,8 @@ class Capturer:
         for name in sorted({*(n for n in subdirs if n not in is_changed), *now_dirs}):
             if name not in done and not self._subdir(fd, rel, name, name not in is_changed, done):
                 return None  # replaced since the listing
+        if isinstance(done, _Done):
+            done.settle()
         try:
             old_tree = self.read_tree(cached.tree)
         except SpriteError:
@@ -1020,6 +1113,28 @@ class Capturer:
             self._report()
         if bulk is not None:
             bulk.flush()
+        finish = functools.partial(
+            self._dir_finish, rel, cached, blob, counts, done, pending, old_tree
+        )
+        if defer and any(
+            isinstance(p.future, _EarlyRead) and not p.future.future.done() for p in pending
+        ):
+            return _Later(self, fd, rel, done, finish)
+        return finish()
+
+    def _dir_finish(
+        self,
+        rel: bytes,
+        cached: CachedDir,
+        blob: bytes,
+        counts: tuple[int, int, int, int],
+        done: dict[bytes, tuple[ObjectId, bool]],
+        pending: list[_Pending],
+        old_tree: bytes,
+    ) -> tuple[ObjectId, bool] | None:
+        """The end of :meth:`_dir_partial`: waits for the children's reads and splices."""
+        assert _tree_find is not None
+        assert _tree_splice is not None
         added: dict[bytes, bytes] = {}
         for p in pending:
             if p.future is not None:
@@ -1059,6 +1174,8 @@ class Capturer:
         self, fd: int, rel: bytes, done: dict[bytes, tuple[ObjectId, bool]]
     ) -> tuple[ObjectId, bool]:
         """The directory entry by entry; ``done`` holds subdirectories already captured."""
+        if isinstance(done, _Done):
+            done.settle()
         self.visited.add(rel)
         self.stats.dirs += 1
         cached = self.cache.get(rel)

@@ -139,3 +139,57 @@ def test_an_early_read_of_a_file_changed_since_is_not_taken(tmp_path: os.PathLik
             assert entry == fresh[0]
         finally:
             os.close(dfd)
+
+
+def test_the_big_files_directory_is_finished_after_its_siblings(
+    layer: str,
+    tmp_path: os.PathLike[str],
+    capturers: list[Capturer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read still running when the walk reaches its directory: that directory's tree is
+    made after the walk of its siblings (``_Later``), and the checkpoint, its counts and the
+    counts the next checkpoint takes from the memo are a full walk's."""
+    rng = random.Random(5)
+    db = os.path.join(layer, "home", "data", "db.bin")
+    _write(db, rng.randbytes(SIZE))
+    for d in ("home/a", "home/data", "home/data/sub", "home/z", "home/z/deep", "top"):
+        for i in range(3):
+            _write(os.path.join(layer, d, f"f{i}"), b"%d" % i * 70)
+    time.sleep(0.06)
+    real = Capturer._file
+
+    def slow(self: Capturer, dirfd: int, rel: bytes, *args: Any) -> Any:
+        if rel == b"home/data/db.bin":
+            time.sleep(0.5)  # still reading when the walk gets to home/data
+        return real(self, dirfd, rel, *args)
+
+    with Engine(layer, os.path.join(os.fspath(tmp_path), "store")) as e, Journal(layer) as j:
+        e.journal = j
+        e.create()
+        e.create()
+        time.sleep(0.06)
+        _write_pages(db, [0, 100, 300], rng)
+        for d in ("home/a", "home/data/sub", "home/z/deep", "top"):
+            _write(os.path.join(layer, d, "f1"), b"changed")
+        time.sleep(0.06)
+        truth = _truth(e)
+        monkeypatch.setattr(capture_mod.Capturer, "_file", slow)
+        capturers.clear()
+        cp = e.create()
+        (c,) = capturers
+        assert (c.early_started, c.early_taken) == (1, 1)
+        assert [x.rel for x in c._later] == [b"home/data"]  # finished late
+        assert cp.top_tree == truth
+        sink = HashOnlySink(e.store)
+        full = capture(e.root, sink, sink.read, {}, excludes=e.excludes).stats
+        assert (cp.files, cp.dirs, cp.bytes) == (full.files, full.dirs, full.bytes)
+        monkeypatch.setattr(capture_mod.Capturer, "_file", real)
+        _write(os.path.join(layer, "home", "z", "f2"), b"again")  # home/data kept: memo's
+        time.sleep(0.06)
+        truth = _truth(e)
+        cp = e.create()
+        assert cp.walk == "journal"
+        assert cp.top_tree == truth
+        full = capture(e.root, sink, sink.read, {}, excludes=e.excludes).stats
+        assert (cp.files, cp.dirs, cp.bytes) == (full.files, full.dirs, full.bytes)
