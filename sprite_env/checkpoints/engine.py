@@ -494,9 +494,8 @@ class Engine:
                 reread=ep.reread,
                 page_sums=pagesums.Lookup(self.store.catalog),
             )
-            w.flush()
             r.walk, r.walk_reason = ep.walked(r)
-            w.commit(lambda db: _save_cache(db, r))
+            w.commit(lambda db: _save_cache(db, r))  # publishes the packs as it fills its rows
             return r, w.stats.bytes_stored
 
     # -- compare ---------------------------------------------------------------------------

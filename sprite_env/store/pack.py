@@ -108,6 +108,7 @@ class PackWriter:
         self._hash = blake3.blake3()
         self.entries: list[Entry] = []
         self.size = 0
+        self.name = PackName("")  # set by seal()
         self._write(HEADER.pack(HEADER_MAGIC, VERSION, pack_class))
 
     def _write(self, data: bytes | memoryview) -> None:
@@ -139,6 +140,13 @@ class PackWriter:
         Returns:
             The pack's name and size in bytes.
         """
+        name = self.seal()
+        self.publish(packs_dir, sync_dir=sync_dir)
+        return name, self.size
+
+    def seal(self) -> PackName:
+        """Writes the table and footer; returns the pack's name (the hash of its bytes), so
+        a caller can name it in catalog rows while :meth:`publish` makes it durable."""
         table = b"".join(
             TABLE_ROW.pack(e.id, e.offset, e.stored_len, e.raw_len, e.kind, e.codec)
             for e in self.entries
@@ -150,17 +158,21 @@ class PackWriter:
                 table_offset, len(self.entries), blake3.blake3(table).digest(), FOOTER_MAGIC
             )
         )
+        self.name = PackName(self._hash.hexdigest())
+        return self.name
+
+    def publish(self, packs_dir: str, *, sync_dir: bool = True) -> None:
+        """Makes a sealed pack durable and renames it into ``packs_dir`` (see :meth:`finish`;
+        may run on another thread than the one that sealed it)."""
         crashpoint("pack-before-fsync")
         os.fsync(self._fd)
         os.close(self._fd)
         self._fd = -1
-        name = PackName(self._hash.hexdigest())
         crashpoint("pack-before-rename")
-        os.rename(self.tmp_path, pack_path(packs_dir, name))
+        os.rename(self.tmp_path, pack_path(packs_dir, self.name))
         crashpoint("pack-after-rename")
         if sync_dir:
             _fsync_dir(packs_dir)
-        return name, self.size
 
     def abort(self) -> None:
         """Drops the unfinished pack."""

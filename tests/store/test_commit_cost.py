@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 from typing import TYPE_CHECKING
 
 import blake3
@@ -110,4 +112,48 @@ def test_a_reopened_store_has_what_was_committed_while_the_copier_ran(store_dir:
                 w.commit()
     with open_store(store_dir, writable=False) as s:
         assert s.catalog.object_count() == 2500
+        assert verify_store(s, read_data=True).ok
+
+
+FAILING_WRITER = r"""
+import errno, os, sys
+from sprite_env.store import open_store
+with open_store(sys.argv[1], create=True) as s:
+    with s.writer() as w:
+        for i in range(3):
+            w.put(b"object %d " % i * 100)
+        try:
+            w.commit()
+            print("committed")
+        except OSError as e:
+            print("failed", errno.errorcode[e.errno])
+    print(len(os.listdir(s.packs_dir)), len(os.listdir(s.tmp_dir)), s.catalog.object_count())
+"""
+
+
+def test_a_pack_that_cannot_be_made_durable_fails_its_commit_and_leaves_nothing(
+    store_dir: str,
+) -> None:
+    # The commit's one pack is published on a thread of its own while the transaction is
+    # filled; its fsync failing (ENOSPC, injected) must roll the rows back, not commit them.
+    env = dict(os.environ, SPRITE_ENV_CRASH_AT="pack-before-fsync:1:ENOSPC")
+    r = subprocess.run(
+        [sys.executable, "-c", FAILING_WRITER, store_dir],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["failed ENOSPC", "0 0 0"]  # no pack, no temp, no row
+    env.pop("SPRITE_ENV_CRASH_AT")
+    r = subprocess.run(
+        [sys.executable, "-c", FAILING_WRITER, store_dir],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.stdout.split("\n")[:2] == ["committed", "1 0 3"]
+    with open_store(store_dir, writable=False) as s:
         assert verify_store(s, read_data=True).ok
