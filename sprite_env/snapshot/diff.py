@@ -14,19 +14,48 @@ changes with any change in it, so it alone is not a difference worth reporting
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from sprite_env.ids import ObjectId
-from sprite_env.snapshot.tree import Kind, TreeEntry, decode_tree
+from sprite_env.ids import ID_LEN, ObjectId
+from sprite_env.snapshot.tree import Kind, TreeEntry, decode_entry, entry_spans
 
 ReadTree = Callable[[ObjectId], bytes]
-#: Trees decoded so far, by id (a tree's id is the hash of its bytes, so an entry never goes
+
+
+class Entries(Mapping[bytes, TreeEntry]):
+    """A tree's entries by name, each decoded when first asked for: a diff compares the
+    encoded bytes (``raw``) and decodes only the entries that differ (``tree.entry_spans``).
+    """
+
+    __slots__ = ("_done", "raw")
+
+    def __init__(self, raw: dict[bytes, bytes]) -> None:
+        self.raw = raw
+        self._done: dict[bytes, TreeEntry] = {}
+
+    def __getitem__(self, name: bytes) -> TreeEntry:
+        e = self._done.get(name)
+        if e is None:
+            e = self._done[name] = decode_entry(self.raw[name])
+        return e
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.raw
+
+
+#: Trees read so far, by id (a tree's id is the hash of its bytes, so an entry never goes
 #: stale): a restore's check, its preflight and the restore itself walk the same diff, and
 #: decoding was the biggest part of each (1.2 s of the 4 s an undo on the medium layer was
-#: down). The dicts are shared: callers must not change them.
-TreeMemo = dict[ObjectId, dict[bytes, TreeEntry]]
+#: down). The mappings are shared: callers must not change them.
+TreeMemo = dict[ObjectId, Entries]
 #: Both sides of a directory that differs, read together (old id, new id), or None to read
 #: each whole. A reader may leave out names whose entries are equal on both sides: the diff
 #: is the same. It must not change what the ids stand for (an added or removed directory is
@@ -83,16 +112,28 @@ def classify(old: TreeEntry | None, new: TreeEntry | None) -> Change | None:
 
 def read_entries(
     read_tree: ReadTree, tree: ObjectId | None, memo: TreeMemo | None = None
-) -> dict[bytes, TreeEntry]:
-    """A tree's entries by name (``memo``: decoded once, then shared; do not change)."""
+) -> Entries:
+    """A tree's entries by name, decoded as they are asked for (``memo``: read once, then
+    shared; do not change)."""
     if tree is None:
-        return {}
+        return Entries({})
     if memo is not None:
         got = memo.get(tree)
         if got is None:
-            got = memo[tree] = {e.name: e for e in decode_tree(read_tree(tree))}
+            got = memo[tree] = Entries(entry_spans(read_tree(tree)))
         return got
-    return {e.name: e for e in decode_tree(read_tree(tree))}
+    return Entries(entry_spans(read_tree(tree)))
+
+
+def differing(a: Mapping[bytes, TreeEntry], b: Mapping[bytes, TreeEntry]) -> list[bytes]:
+    """The names of ``a`` and ``b`` whose entries differ (or exist on one side), sorted:
+    for :class:`Entries` by their encoded bytes, so that equal entries are never decoded."""
+    if isinstance(a, Entries) and isinstance(b, Entries):
+        ra, rb = a.raw, b.raw
+        names = [n for n, raw in ra.items() if rb.get(n) != raw]
+        names += [n for n in rb if n not in ra]
+        return sorted(names)
+    return sorted(n for n in a.keys() | b.keys() if a.get(n) != b.get(n))
 
 
 def top_entry(read_tree: ReadTree, top: ObjectId) -> TreeEntry:
@@ -113,10 +154,10 @@ def entries_below(read_tree: ReadTree, e: TreeEntry) -> int:
     n = 0
     stack = [e.subtree]
     while stack:
-        for child in decode_tree(read_tree(stack.pop())):
+        for raw in entry_spans(read_tree(stack.pop())).values():
             n += 1
-            if child.kind is Kind.DIR:
-                stack.append(child.subtree)
+            if raw[2] == Kind.DIR:  # the kind byte; a directory's payload ends the entry
+                stack.append(ObjectId(raw[-ID_LEN:]))
     return n
 
 
@@ -227,12 +268,14 @@ def _diff_dir(
     if old == new:
         return
     both = pair(old, new) if pair is not None and old is not None and new is not None else None
+    a: Mapping[bytes, TreeEntry]
+    b: Mapping[bytes, TreeEntry]
     if both is not None:
         a, b = both
     else:
         a = read_entries(read_tree, old, memo)
         b = read_entries(read_tree, new, memo)
-    for name in sorted(a.keys() | b.keys()):
+    for name in differing(a, b):  # equal entries: no difference, no subtree to walk
         ea, eb = a.get(name), b.get(name)
         path = name if not rel else rel + b"/" + name
         c = classify(ea, eb)

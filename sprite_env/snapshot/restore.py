@@ -37,9 +37,11 @@ from sprite_env.snapshot import bulkrestore, dircache
 from sprite_env.snapshot.capture import Excludes
 from sprite_env.snapshot.diff import (
     Change,
+    Entries,
     ReadTree,
     TreeMemo,
     classify,
+    differing,
     entries_below,
     read_entries,
     root_news,
@@ -263,11 +265,15 @@ class Restorer:
         self,
         fd: int,
         rel: bytes,
-        a: dict[bytes, TreeEntry],
-        b: dict[bytes, TreeEntry],
+        a: Entries,
+        b: Entries,
         writes: _Writes,
     ) -> None:
-        for name in sorted(a.keys() | b.keys()):
+        names = differing(a, b)  # equal entries are left alone, undecoded
+        self.stats.dirs_skipped += sum(
+            1 for n, raw in a.raw.items() if raw[2] == Kind.DIR and b.raw.get(n) == raw
+        )
+        for name in names:
             check_name(name)
             old, new = a.get(name), b.get(name)
             path = name if not rel else rel + b"/" + name
@@ -714,7 +720,7 @@ class Restorer:
         return fd
 
 
-def _scanned(fd: int, names: dict[bytes, TreeEntry], now: int, root_dev: int) -> bytes | None:
+def _scanned(fd: int, names: Entries, now: int, root_dev: int) -> bytes | None:
     """The signature blob of the directory open at ``fd`` from one native call (what the
     next capture compares its own scan with), if the directory holds exactly ``names`` and
     nothing the stat loop above would sign otherwise (a racy time, a hard link, a socket, a

@@ -1,0 +1,97 @@
+"""A diff decodes only the entries that differ: ``tree.entry_spans`` and ``diff.Entries``."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sprite_env.checkpoints import Engine
+from sprite_env.errors import CorruptObject
+from sprite_env.snapshot.diff import Entries, diff_trees, differing, read_entries, top_entry
+from sprite_env.snapshot.tree import (
+    MAGIC,
+    Kind,
+    decode_entry,
+    decode_tree,
+    encode_entry,
+    entry_spans,
+)
+from tests.helpers import trees
+
+
+def _all_trees(e: Engine, top: bytes) -> list[bytes]:
+    out, stack = [], [top_entry(e.store.read, top).subtree]  # type: ignore[arg-type]
+    while stack:
+        blob = e.store.read(stack.pop())
+        out.append(blob)
+        stack.extend(x.subtree for x in decode_tree(blob) if x.kind is Kind.DIR)
+    return out
+
+
+def test_spans_are_the_encoded_entries(tmp_path: os.PathLike[str]) -> None:
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    trees.build_tree(root, trees.sample_spec())
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        blobs = _all_trees(e, e.create("a").top_tree)
+    assert len(blobs) > 3
+    for blob in blobs:
+        decoded = decode_tree(blob)
+        spans = entry_spans(blob)
+        assert list(spans) == [x.name for x in decoded]
+        assert spans == {x.name: encode_entry(x) for x in decoded}
+        assert [decode_entry(raw) for raw in spans.values()] == decoded
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda b: b[:-1],  # cut short
+        lambda b: b + b"\0",  # trailing bytes
+        lambda b: b"SPT9" + b[4:],  # not a tree
+        lambda b: b[:20],  # cut inside an entry header
+    ],
+)
+def test_a_damaged_tree_is_corrupt(tmp_path: os.PathLike[str], damage: object) -> None:
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    trees.build_tree(root, {"a": trees.File(b"x"), "b": trees.File(b"y")})
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        (blob,) = [b for b in _all_trees(e, e.create("a").top_tree) if b.startswith(MAGIC)]
+    with pytest.raises(CorruptObject):
+        entry_spans(damage(blob))  # type: ignore[operator]
+
+
+def test_a_diff_decodes_only_the_entries_that_differ(tmp_path: os.PathLike[str]) -> None:
+    """One file edited in a directory of 300: the diff's memo holds both sides' trees of
+    the directories on its path, yet decoded only the entries that differ there."""
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    spec = {f"d/sub/f{i:03d}": trees.File(b"%d" % i) for i in range(300)}
+    spec.update({f"d/g{i}": trees.File(b"g") for i in range(50)})
+    trees.build_tree(root, spec)
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        a = e.create("a").top_tree
+        with open(os.path.join(root, "d/sub/f123"), "wb") as f:
+            f.write(b"changed")
+        b = e.create("b").top_tree
+        memo: dict = {}  # type: ignore[type-arg]
+        changes = list(diff_trees(e.store.read, a, b, memo))
+    assert [(d.path, d.change.value) for d in changes] == [(b"d/sub/f123", "modified")]
+    sides = [m for m in memo.values() if isinstance(m, Entries)]
+    assert sum(len(m) for m in sides) > 600  # both sides of d/sub and d were read
+    assert sum(len(m._done) for m in sides) <= 6  # their changed entries only
+
+
+def test_differing_names_for_plain_mappings_and_entries(tmp_path: os.PathLike[str]) -> None:
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    trees.build_tree(root, {"x": trees.File(b"1"), "y": trees.File(b"2"), "z": trees.File(b"3")})
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        a = e.create("a").top_tree
+        os.unlink(os.path.join(root, "x"))
+        with open(os.path.join(root, "w"), "wb") as f:
+            f.write(b"new")
+        os.chmod(os.path.join(root, "z"), 0o600)
+        b = e.create("b").top_tree
+        ea = read_entries(e.store.read, top_entry(e.store.read, a).subtree)
+        eb = read_entries(e.store.read, top_entry(e.store.read, b).subtree)
+    assert differing(ea, eb) == [b"w", b"x", b"z"]
+    assert differing(dict(ea), dict(eb)) == [b"w", b"x", b"z"]
