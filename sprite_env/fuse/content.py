@@ -22,7 +22,7 @@ from sprite_env.ids import ObjectId
 from sprite_env.snapshot.tree import Kind, Piece, TreeEntry, decode_chunks, decode_tree
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     import trio
 
@@ -115,6 +115,34 @@ class FileLayout:
     def start(self, i: int) -> int:
         return self.ends[i - 1] if i else 0
 
+    def assemble(self, data: Mapping[ObjectId, bytes], offset: int, end: int) -> bytes:
+        """Bytes ``[offset, end)`` of the file (``end`` at most its size), from the decoded
+        objects of the pieces that hold them; holes are zeros.
+
+        Raises:
+            SnapshotError: a piece lies past the end of its object.
+            KeyError: ``data`` lacks one of those objects.
+        """
+        if offset >= end:
+            return b""
+        parts: list[bytes | memoryview] = []
+        for i in range(self.index(offset), self.index(end - 1) + 1):
+            oid, off, n = self.pieces[i]
+            start = self.start(i)
+            a = max(offset, start) - start
+            b = min(end, start + n) - start
+            if oid is None:
+                parts.append(bytes(b - a))
+                continue
+            obj = data[oid]
+            if off + n > len(obj):
+                raise SnapshotError(
+                    f"piece [{off}, {off + n}) of object {oid.hex()[:16]} is past its "
+                    f"{len(obj)} bytes"
+                )
+            parts.append(memoryview(obj)[off + a : off + b])
+        return b"".join(parts)
+
 
 class OpenFile:
     """The reads of one open file; the file handle of the view.
@@ -188,24 +216,7 @@ class OpenFile:
             self._drop_from = first
         self._busy += 1
         try:
-            data = await self._objects(range(first, last + 1))
-            parts: list[bytes | memoryview] = []
-            for i in range(first, last + 1):
-                oid, off, n = lay.pieces[i]
-                start = lay.start(i)
-                a = max(offset, start) - start
-                b = min(end, start + n) - start
-                if oid is None:
-                    parts.append(bytes(b - a))
-                    continue
-                obj = data[oid]
-                if off + n > len(obj):
-                    raise SnapshotError(
-                        f"piece [{off}, {off + n}) of object {oid.hex()[:16]} is past its "
-                        f"{len(obj)} bytes"
-                    )
-                parts.append(memoryview(obj)[off + a : off + b])
-            out = b"".join(parts)
+            out = lay.assemble(await self._objects(range(first, last + 1)), offset, end)
         finally:
             self._done()
         self._drop_behind(offset, end)

@@ -125,6 +125,19 @@ def prepare_mountpoint(mountpoint: str) -> str:
     return mountpoint
 
 
+def abort_connection(mountpoint: str) -> None:
+    """Aborts the FUSE connection of the mount at ``mountpoint``: every request pending
+    or to come fails (``ENOTCONN``). Reads ``/proc/self/mountinfo`` only, never the mount."""
+    for m in mounts():
+        if m.mountpoint == mountpoint and m.fstype.startswith("fuse"):
+            path = f"/sys/fs/fuse/connections/{m.device.partition(':')[2]}/abort"
+            try:
+                with open(path, "w") as f:
+                    f.write("1\n")
+            except OSError as e:
+                log.warning("cannot abort the connection of %s: %s", mountpoint, e)
+
+
 def tune_readahead(mountpoint: str, kib: int = READ_AHEAD_KIB) -> bool:
     """Raises the kernel's read-ahead of the mount (root only; best effort).
 
@@ -187,6 +200,7 @@ async def serve(
                 await pyfuse3.main(min_tasks=4, max_tasks=64)
             finally:
                 ops.mounted = False
+                ops.stop_pushing(functools.partial(abort_connection, mountpoint))
                 pyfuse3.close(unmount=True)
                 nursery.cancel_scope.cancel()
                 log.info("unmounted %s", mountpoint)

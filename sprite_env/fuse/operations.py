@@ -47,7 +47,10 @@ open answers ``ESTALE`` after its checkpoint was deleted and pruned.
 Read-ahead, beyond a sequential reader's (``content.py``): opening a small file loads the
 small files after it in its directory, and listing a directory loads its subdirectories'
 trees, each in one worker call, since a walk (``diff -r``, ``grep -r``, ``cp -r``) reads
-them next and a round trip to a worker thread costs as much as reading a small file.
+them next and a round trip to a worker thread costs as much as reading a small file. The
+small files so loaded are also written into the kernel's page cache (``pages.py``), so
+their reads cost no request at all; like a small file answered whole, such a file is never
+pinned (the kernel keeps its pages).
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ from sprite_env.fuse.inodes import (
     entry_attributes,
     root_attributes,
 )
+from sprite_env.fuse.pages import PagePusher
 from sprite_env.fuse.status import STATUS_INODE, STATUS_NAME, status_attributes, status_bytes
 from sprite_env.fuse.workers import Workers
 from sprite_env.ids import ObjectId
@@ -96,6 +100,12 @@ SMALL_FILE = 256 << 10
 DIR_AHEAD_BYTES = 4 << 20
 #: Subdirectories whose trees are loaded when a directory is listed.
 TREES_AHEAD = 64
+#: Seconds the read that started a directory's read-ahead waits, at most, for the pages
+#: of the files after it to be in the kernel before it answers: its reader (a walk) asks
+#: for them next, and a push that lands after that read costs a request all the same
+#: (measured: 16.7k of 22k pushed files were still read through the view when the first
+#: read did not wait). A push of a 4 MiB batch takes a few milliseconds.
+PUSH_WAIT = 0.05
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -115,6 +125,8 @@ class ViewConfig:
         tree_cache_bytes: the LRU of parsed directories and file layouts.
         threads: worker threads reading and decompressing objects (see ``workers.py``).
         readahead_bytes: how far ahead of a sequential reader objects are loaded.
+        push_pages: hand the small files read ahead in a directory to the kernel's page
+            cache (``pages.py``), so reading them costs no request.
         no_open: answer ``open``/``opendir`` with ``ENOSYS`` (see the module docstring)
             when pyfuse3 passes the inode to handle-less reads (the patched build); with
             a stock pyfuse3 it has no effect.
@@ -128,6 +140,7 @@ class ViewConfig:
     tree_cache_bytes: int = 32 << 20
     threads: int = field(default_factory=lambda: max(4, 2 * (os.cpu_count() or 2)))
     readahead_bytes: int = 8 << 20
+    push_pages: bool = True
     no_open: bool = True
 
 
@@ -215,6 +228,7 @@ class ViewOperations(pyfuse3.Operations):
         self.mounted = False
         self._dir_ahead: OrderedDict[bytes, int] = OrderedDict()  # tree -> read ahead up to
         self._next_fh = 1
+        self._pages: PagePusher | None = None  # see pages.py; started with the view
         self._uid, self._gid = os.getuid(), os.getgid()
         #: requests answered, by handler (what the kernel did not answer from its caches)
         self.requests: Counter[str] = Counter()
@@ -226,6 +240,8 @@ class ViewOperations(pyfuse3.Operations):
         the kernel to forget deleted checkpoints' names). Call before mounting."""
         self._nursery = nursery
         self._token = trio.lowlevel.current_trio_token()
+        if self.config.push_pages:
+            self._pages = PagePusher()
         nursery.start_soon(self._invalidate_names)
         nursery.start_soon(self._invalidate_status)
 
@@ -259,6 +275,18 @@ class ViewOperations(pyfuse3.Operations):
             await self.shown()
         except SpriteError as e:
             log.error("listing checkpoints: %s", e)
+
+    def stop_pushing(self, abort: Callable[[], None]) -> None:
+        """Stops handing pages to the kernel (``pages.py``): call it before the session is
+        destroyed; ``abort`` fails the kernel's pending requests, in case a push waits
+        for one."""
+        if self._pages is not None:
+            self._pages.stop(abort)
+
+    @property
+    def pages_pushed(self) -> int:
+        """Files whose bytes the view handed to the kernel before it asked (statistics)."""
+        return self._pages.pushed if self._pages is not None else 0
 
     def close(self) -> None:
         """Releases every file still open and stops the workers (after the file system
@@ -625,7 +653,7 @@ class ViewOperations(pyfuse3.Operations):
         assert self._nursery is not None, "start() was not called"
         try:
             layout = await self._layout(node.entry)
-            self._read_ahead_directory(node)  # this file and the small ones after it
+            pushed = self._read_ahead_directory(node)  # this and the small ones after it
             oids = layout.objects()
             held: dict[ObjectId, bytes] = {}
             reader: PinnedReader | None = None
@@ -643,6 +671,7 @@ class ViewOperations(pyfuse3.Operations):
         fh = self._new_fh()
         self._files[fh] = (node, f)
         node.opens += 1
+        await _briefly(pushed)
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
     def _open_file(
@@ -678,7 +707,7 @@ class ViewOperations(pyfuse3.Operations):
                 pinned.close()
         return share.handle(functools.partial(self._pins.pop, node.ino, None))
 
-    def _read_ahead_directory(self, node: Node) -> None:
+    def _read_ahead_directory(self, node: Node) -> trio.Event | None:
         """When a small file is opened, loads it and the small files that follow it in
         its directory (in one worker call, up to ``DIR_AHEAD_BYTES``): ``diff -r``,
         ``grep -r`` and ``cp -r`` read them next, and as they were captured together,
@@ -687,19 +716,24 @@ class ViewOperations(pyfuse3.Operations):
         """
         parent = self.inodes.get(node.parent)
         if parent is None or parent.entry is None or node.entry is None:
-            return
+            return None
         tree = parent.entry.subtree
         d = self.trees.peek(tree)
         at = d.index.get(node.entry.name) if isinstance(d, Directory) else None
         if not isinstance(d, Directory) or at is None or self._dir_ahead.get(tree, 0) > at:
-            return
+            return None
         oids: list[ObjectId] = []
+        push: list[tuple[int, TreeEntry]] = []  # the files after this one the kernel knows
         size = 0
         i = at
         for i in range(at, len(d.entries)):  # noqa: B007 (i is used after the loop)
             e = d.entries[i]
             if e.kind is not Kind.FILE or e.indirect or e.size > SMALL_FILE:
                 continue
+            if i > at and e.size and self._pages is not None:
+                child = self.inodes.known_child(parent, e)
+                if child is not None:
+                    push.append((child.ino, e))
             for oid, _off, n in decode_chunks(e.payload):
                 if oid is not None and oid not in self.objects and oid not in oids:
                     oids.append(oid)
@@ -710,15 +744,50 @@ class ViewOperations(pyfuse3.Operations):
         self._dir_ahead.move_to_end(tree)
         while len(self._dir_ahead) > 1024:
             self._dir_ahead.popitem(last=False)
-        if oids and self._nursery is not None:
-            self._nursery.start_soon(self._load_ahead, oids)
+        if not (oids or push) or self._nursery is None:
+            return None
+        pushed = trio.Event()
+        self._nursery.start_soon(self._load_ahead, oids, push, pushed)
+        return pushed if push else None
 
-    async def _load_ahead(self, oids: list[ObjectId]) -> None:
+    async def _load_ahead(
+        self, oids: list[ObjectId], push: list[tuple[int, TreeEntry]], pushed: trio.Event
+    ) -> None:
+        """Loads ``oids``, then hands the files ``push`` to the kernel; sets ``pushed``
+        once they are in its page cache (or will not be)."""
         source = self.source
         try:
             await self.objects.get_many(oids, lambda keys: _read_once(source, keys))
         except SpriteError as e:  # the files' own reads will report it
             log.debug("read-ahead of %d objects: %s", len(oids), e)
+            pushed.set()
+            return
+        token = self._token
+        if not push or self._pages is None or not self.mounted or token is None:
+            pushed.set()
+            return
+        done = functools.partial(_set_from_thread, token, pushed)
+        if not self._pages.push(self._whole_files(push), done):
+            pushed.set()
+
+    def _whole_files(self, files: list[tuple[int, TreeEntry]]) -> list[tuple[int, bytes]]:
+        """Each file's bytes, from the objects in memory (a file with one evicted since
+        is left out: its read will load it)."""
+        out: list[tuple[int, bytes]] = []
+        for ino, entry in files:
+            try:
+                layout = FileLayout.of(entry, self.source.read)  # inline pieces: no read
+                data: dict[ObjectId, bytes] = {}
+                for oid in layout.objects():
+                    obj = self.objects.peek(oid)
+                    if obj is None:
+                        break
+                    data[oid] = obj
+                else:
+                    out.append((ino, layout.assemble(data, 0, layout.size)))
+            except SpriteError as e:  # a damaged entry: its read will say so
+                log.debug("not pushing inode %d: %s", ino, e)
+        return out
 
     def _read_ahead_trees(self, d: Directory) -> None:
         """When a directory is listed, loads its subdirectories' trees (in one worker
@@ -767,7 +836,7 @@ class ViewOperations(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EISDIR if node.is_dir else errno.EINVAL)
             try:
                 layout = await self._layout(node.entry)
-                self._read_ahead_directory(node)  # this file and the small ones after it
+                pushed = self._read_ahead_directory(node)  # this and the small ones after it
                 if off == 0 and size >= layout.size and layout.size <= AHEAD_BATCH:
                     source = self.source
                     held = await self.objects.get_many(
@@ -775,9 +844,11 @@ class ViewOperations(pyfuse3.Operations):
                     )
                     whole = self._open_file(layout, held, None)
                     try:
-                        return await whole.read(off, size)
+                        data = await whole.read(off, size)
                     finally:
                         whole.release()
+                    await _briefly(pushed)
+                    return data
                 reader = await self._pin(node, layout)
             except SpriteError as e:
                 raise await self._failure(node, e) from None
@@ -856,6 +927,19 @@ class ViewOperations(pyfuse3.Operations):
 
 def _same(node: Node) -> Node:
     return node
+
+
+async def _briefly(event: trio.Event | None) -> None:
+    """Waits for ``event`` up to :data:`PUSH_WAIT` seconds."""
+    if event is not None:
+        with trio.move_on_after(PUSH_WAIT):
+            await event.wait()
+
+
+def _set_from_thread(token: trio.lowlevel.TrioToken, event: trio.Event) -> None:
+    """Sets a trio ``event`` from another thread (the page pusher's)."""
+    with contextlib.suppress(trio.RunFinishedError):
+        token.run_sync_soon(event.set)
 
 
 def _no_node() -> None:

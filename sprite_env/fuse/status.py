@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 
 import pyfuse3
 
+from sprite_env.fuse.inodes import BLKSIZE
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -68,7 +70,7 @@ def status_attributes(
     a.st_uid = uid
     a.st_gid = gid
     a.st_size = size
-    a.st_blksize = 4096
+    a.st_blksize = BLKSIZE
     a.st_blocks = (size + 511) // 512
     a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = mtime_ns
     return a

@@ -164,3 +164,37 @@ def test_a_file_read_before_its_checkpoint_is_deleted_stays_readable_and_then_go
             assert f.read() == data[MiB:]
         wait_until(lambda: m.source.open_pack_fds == 0, what="the pin to go")  # type: ignore[attr-defined]
         assert m.call(lambda: m.ops.open_files) == 0
+
+
+@needs_patch
+@pytest.mark.parametrize("no_open", [True, False], ids=["no-open", "open"])
+def test_small_files_read_ahead_are_handed_to_the_kernel_and_cost_no_read(
+    root: str, engine: Engine, mount: Callable[..., Mounted], no_open: bool
+) -> None:
+    """The first read in a directory loads the small files after it, and the view writes
+    them into the kernel's page cache (``pages.py``): reading them then sends no request,
+    and every byte read is the file's (a sparse one's hole as zeros)."""
+    rng = random.Random(9)
+    os.makedirs(os.path.join(root, "many"))
+    files = {f"many/f{i:02d}": rng.randbytes(rng.randrange(1, 20_000)) for i in range(40)}
+    files["many/f40"] = b""  # empty: nothing to push
+    for rel, data in files.items():
+        with open(os.path.join(root, rel), "wb") as f:
+            f.write(data)
+    with open(os.path.join(root, "many", "f41"), "wb") as f:  # a hole, then data
+        f.truncate(100_000)
+        f.seek(100_000)
+        f.write(b"tail")
+    files["many/f41"] = bytes(100_000) + b"tail"
+    engine.create()
+    with mount(no_open=no_open) as m:
+        names = sorted(os.listdir(m.path("v0", "many")))  # the kernel learns the inodes
+        assert names == sorted(os.path.basename(r) for r in files)
+        with open(m.path("v0", "many", "f00"), "rb") as f:
+            assert f.read() == files["many/f00"]
+        wait_until(lambda: m.call(lambda: m.ops.pages_pushed) >= 40, what="the pushes")
+        before = _requests(m)["read"]
+        for rel in sorted(files):
+            with open(m.path("v0", rel), "rb") as f:
+                assert f.read() == files[rel], rel
+        assert _requests(m)["read"] == before
