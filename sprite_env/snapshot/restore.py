@@ -688,26 +688,39 @@ class Restorer:
         # part of the 50 ms, and an undo restore is down for all of them.
         time.sleep(max(0, written_ns + dircache.RACY_NS - time.time_ns()) / 1e9)
         now = time.time_ns()
-        for rel, tree in self._synced:
-            try:
-                fd = self._open_path(rel)
-            except OSError:
-                continue
-            try:
-                names = read_entries(self.read_tree, tree, self._trees)
-                blob = _scanned(fd, names, now, self._root_dev)
-                if blob is None:
-                    sigs: dict[bytes, Sig] = {}
-                    for name in names:
-                        try:
-                            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                        except FileNotFoundError:
-                            continue
-                        sigs[name] = sig_of(st, now)
-                    blob = dircache.encode_sigs(sigs)
-            finally:
-                os.close(fd)
-            self.result.cache_changed[rel] = CachedDir(tree, blob)
+
+        def scan(part: list[tuple[bytes, ObjectId]]) -> list[tuple[bytes, CachedDir]]:
+            out = []
+            for rel, tree in part:
+                try:
+                    fd = self._open_path(rel)
+                except OSError:
+                    continue
+                try:
+                    names = read_entries(self.read_tree, tree, self._trees)
+                    blob = _scanned(fd, names, now, self._root_dev)
+                    if blob is None:
+                        sigs: dict[bytes, Sig] = {}
+                        for name in names:
+                            try:
+                                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                            except FileNotFoundError:
+                                continue
+                            sigs[name] = sig_of(st, now)
+                        blob = dircache.encode_sigs(sigs)
+                finally:
+                    os.close(fd)
+                out.append((rel, CachedDir(tree, blob)))
+            return out
+
+        # On the writer threads, idle by now (the scans and opens release the GIL): on the
+        # walking thread alone, the typical undo's 1,100 directories took 0.29 s of it.
+        assert self._writers is not None
+        parts = [
+            self._synced[i : i + BATCH_FILES] for i in range(0, len(self._synced), BATCH_FILES)
+        ]
+        for done in self._writers.map(scan, parts):
+            self.result.cache_changed.update(done)
 
     def _open_path(self, rel: bytes) -> int:
         fd = os.dup(self._root_fd)

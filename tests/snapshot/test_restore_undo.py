@@ -190,3 +190,25 @@ def test_kill_while_removing_then_reopen_finishes(tmp_path: os.PathLike[str]) ->
         trees.assert_trees_equal(before, root, check_holes="exact")
         assert e.active() == "v0"
         assert verify_store(e.store, read_data=True).ok
+
+
+def test_the_files_cache_after_an_undo_of_many_directories(tmp_path: os.PathLike[str]) -> None:
+    """The restore's files-cache rows (scanned on the writer threads, ``BATCH_FILES``
+    directories a task) describe every directory it wrote: the next capture reads nothing
+    and finds the checkpoint's tree."""
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    n = 3 * restore_mod.BATCH_FILES + 5
+    trees.build_tree(
+        root, {f"d{i}/f{j}": trees.File(b"%d %d" % (i, j)) for i in range(n) for j in range(4)}
+    )
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        c0 = e.create("c0")
+        for i in range(n):
+            with open(os.path.join(root, f"d{i}/f1"), "ab") as f:
+                f.write(b" edited")
+        rep = e.restore("v0")
+        assert rep.stats.modified == n
+        stats: list[object] = []
+        again = e.create("again", progress=lambda _phase, s: stats.append(s))
+        assert stats[-1].files_read == 0  # type: ignore[attr-defined]
+        assert again.top_tree == c0.top_tree
