@@ -20,6 +20,7 @@ import re
 import signal
 import stat
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any, cast
@@ -60,6 +61,7 @@ from sprite_env.store.remote import ObjectStorage, writer_id
 if TYPE_CHECKING:
     import argparse
     from collections.abc import AsyncIterator, Iterator
+    from concurrent.futures import Future
 
     from sprite_env.api.backend import JobHandle
     from sprite_env.api.events import Event
@@ -431,26 +433,28 @@ class Daemon:
                     noop=True,
                 )
             undo_id = await self._undo_slot(job, actor)
-            merged: dict[str, int] = {}
-
-            async def count_merged(undo: str) -> None:
-                merged.update(await trio.to_thread.run_sync(self._merged_stats, cid, undo))
-
-            async with trio.open_nursery() as counting, self.env.down(job):
-                rep = await trio.to_thread.run_sync(
-                    lambda: self.engine.restore(
-                        cid,
-                        created_by=actor,
-                        progress=job.progress_from_thread(),
-                        undo_id=undo_id,
+            # The merged counts are counted while the environment comes back up (they read
+            # only trees of the store), so that the complete event follows "Services
+            # started" at once: counted after it, they were part of the 2.0-6.8 s the
+            # caller still waited then (issue 11's table, medium layer). A thread of its
+            # own, not a task: a nursery around the restore would wrap its errors in groups.
+            counter = ThreadPoolExecutor(1, thread_name_prefix="restore-count")
+            counting: Future[dict[str, int]] | None = None
+            try:
+                async with self.env.down(job):
+                    rep = await trio.to_thread.run_sync(
+                        lambda: self.engine.restore(
+                            cid,
+                            created_by=actor,
+                            progress=job.progress_from_thread(),
+                            undo_id=undo_id,
+                        )
                     )
-                )
-                if self.config.overlay is not None and rep.undo is not None:
-                    # Counted while the environment comes back up (it reads only trees
-                    # of the store), so that the complete event follows "Services
-                    # started" at once: counted after it, it was part of the 2.0-6.8 s
-                    # the caller still waited then (issue 11's table, medium layer).
-                    counting.start_soon(count_merged, rep.undo)
+                    if self.config.overlay is not None and rep.undo is not None:
+                        counting = counter.submit(self._merged_stats, cid, rep.undo)
+                merged = await trio.to_thread.run_sync(counting.result) if counting else {}
+            finally:
+                counter.shutdown(wait=False)
             stats = {**rep.to_json(), **merged}
             await self._record("restore", cid, actor, True, f"undo: {rep.undo}")
             await self._apply_retention(keep=rep.undo)
