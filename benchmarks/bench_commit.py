@@ -113,12 +113,13 @@ def child(profile: str, work: str) -> dict[str, Any]:
     def step(e: Engine, label: str) -> dict[str, Any]:
         T.clear()
         n0 = e.store.catalog.object_count()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         cp = e.create(label)
-        total = time.perf_counter() - t
+        total, cpu = time.perf_counter() - t, time.process_time() - c
         res = {k: round(v * 1000, 1) for k, v in sorted(T.items())}
         res.update(
             total_ms=round(total * 1000, 1),
+            total_cpu_ms=round(cpu * 1000, 1),  # every thread of the process
             commit_ms=round(
                 (total - T.get("capture", 0.0) - T.get("journal_begin", 0.0)) * 1000, 1
             ),
@@ -127,9 +128,13 @@ def child(profile: str, work: str) -> dict[str, Any]:
             new_objects=e.store.catalog.object_count() - n0,
             bytes_added=cp.bytes_added,
         )
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         e.unique_bytes()
         res["unique_bytes_ms"] = round((time.perf_counter() - t) * 1000, 1)
+        res["unique_bytes_cpu_ms"] = round((time.process_time() - c) * 1000, 1)
+        kept = getattr(e, "_usage", None)  # the objects its walk visited, where it is kept
+        if kept is not None:
+            res["unique_bytes_visited"] = kept.visited
         return res
 
     poller = threading.Thread(target=poll, daemon=True)
@@ -160,6 +165,7 @@ def child(profile: str, work: str) -> dict[str, Any]:
 
 PHASES = [
     ("total_ms", "checkpoint, total"),
+    ("total_cpu_ms", "  its CPU (all threads)"),
     ("journal_begin", "journal begin"),
     ("capture", "walk (capture)"),
     ("commit_ms", "commit (after the walk)"),
@@ -169,6 +175,8 @@ PHASES = [
     ("pagesums_save", "  page digests"),
     ("sqlite_commit", "  SQLite COMMIT"),
     ("unique_bytes_ms", "unique_bytes after it"),
+    ("unique_bytes_cpu_ms", "  its CPU"),
+    ("unique_bytes_visited", "  objects it visited"),
     ("new_objects", "new objects"),
 ]
 
