@@ -643,10 +643,14 @@ def insert_pack(
     )
     pack_id = cur.lastrowid
     assert pack_id is not None
+    # In id order, so each leaf of the table is visited once, in turn: a step's 7.1k rows
+    # into 122k took 23-24 ms of CPU so, 31-35 ms in the pack's order (same run, 5 each).
     db.executemany(
         "INSERT OR IGNORE INTO objects(id, pack, offset, stored_len, raw_len, kind, codec) "
         "VALUES (?,?,?,?,?,?,?)",
-        ((e.id, pack_id, e.offset, e.stored_len, e.raw_len, e.kind, e.codec) for e in entries),
+        sorted(
+            (e.id, pack_id, e.offset, e.stored_len, e.raw_len, e.kind, e.codec) for e in entries
+        ),
     )
     if replacing:
         db.executemany(
