@@ -7,13 +7,17 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+import pytest
+
 from sprite_env.checkpoints import usage
+from sprite_env.errors import CorruptObject
+from sprite_env.ids import ObjectId
+from sprite_env.snapshot import tree
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from sprite_env.checkpoints import Engine
-    from sprite_env.ids import ObjectId
 
 KiB = 1024
 
@@ -79,3 +83,50 @@ def test_a_small_change_walks_only_what_changed(engine: Engine, root: str) -> No
     assert got == _full(engine)
     assert engine.unique_bytes() == got
     assert engine._usage.visited == 0  # nothing new: nothing walked
+
+
+def _children_by_decoding(data: bytes) -> list[tuple[ObjectId, int]]:
+    """What usage took from a tree before ``tree.references``: every entry decoded."""
+    out: list[tuple[ObjectId, int]] = []
+    for e in tree.decode_tree(data):
+        if e.kind is tree.Kind.DIR:
+            out.append((e.subtree, tree.REF_TREE))
+        elif e.kind is tree.Kind.FILE:
+            if e.indirect:
+                out.append((ObjectId(e.payload), tree.REF_CHUNKS))
+            else:
+                out.extend(
+                    (oid, tree.REF_DATA)
+                    for oid, _, _ in tree.decode_chunks(e.payload)
+                    if oid is not None
+                )
+    return out
+
+
+def test_references_name_what_decoding_every_entry_names(engine: Engine, root: str) -> None:
+    _write(os.path.join(root, "a", "small"), b"x" * 100)
+    _write(os.path.join(root, "a", "b", "big.bin"), os.urandom(3 << 20))  # > 32 chunks
+    with open(os.path.join(root, "sparse"), "wb") as f:
+        f.truncate(1 << 20)
+        f.seek(512 << 10)
+        f.write(b"data in the middle")
+    os.symlink("a/small", os.path.join(root, "link"))
+    os.setxattr(os.path.join(root, "a", "small"), "user.note", b"kept")
+    os.mkdir(os.path.join(root, "empty"))
+    os.link(os.path.join(root, "a", "small"), os.path.join(root, "hard"))
+    cp = engine.create("v0")
+    trees = [cp.top_tree]
+    seen, kinds = 0, set()
+    while trees:
+        data = engine.store.read(trees.pop())
+        refs = tree.references(data)
+        assert refs == _children_by_decoding(data)
+        trees.extend(oid for oid, what in refs if what == tree.REF_TREE)
+        kinds.update(what for _, what in refs)
+        seen += 1
+    assert seen == 5  # the top tree, the root, a, a/b, empty
+    assert kinds == {tree.REF_TREE, tree.REF_CHUNKS, tree.REF_DATA}
+    kinds = {what for oid, what in tree.references(engine.store.read(cp.top_tree))}
+    assert kinds == {tree.REF_TREE}
+    with pytest.raises(CorruptObject):
+        tree.references(engine.store.read(cp.top_tree)[:-3])
