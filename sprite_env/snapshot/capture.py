@@ -23,6 +23,12 @@ become holes. A file whose size, mtime or ctime moves while it is read is read a
 to ``READ_ATTEMPTS`` times); if it keeps changing its last reading is kept and it is named
 in the capture's warnings.
 
+Big files changed in place (``IN_PLACE_MIN`` and up, same inode) are compared with their
+previous version by page digests (``pagesums.py``). Those a previous capture read, in a
+directory the hint names dirty, are read from the start of the capture
+(``Capturer._start_early``), and their directory is finished only when its parent needs
+its tree (``_Done``), so that such a read overlaps the walk instead of holding it up.
+
 The journal's hint (``WalkHint``, from ``sprite_env/journal``): directories not dirty, with
 no dirty descendant and not below a void path, keep the files cache's tree id without being
 opened, provided their parent was walked and found them with the signature its row

@@ -1,0 +1,399 @@
+"""The checkpoint of one agent step, in process, two versions of sprite-env side by side (issue 11).
+
+Usage::
+
+    python benchmarks/bench_capture_step.py [--profile medium] [--rounds 4]
+        [--base REV] [--new REV] [--only PATHS] [--work DIR] [--fresh] [--pyspy]
+        [--out FILE]
+
+Each version is extracted with ``git archive`` into ``--work``
+(``benchmarks/.data/scratch-capture-step``) and run from there, in a worker process of its
+own with the extension built in the working tree (no C changed between the two): ``--new``
+(default ``HEAD``), and the base: ``--new`` with the files of ``--only`` (default the
+capture and the page digests) as at ``--base`` (default the commit before that work), or,
+with ``--only ''``, all of ``--base``. Each worker holds an ``Engine`` and a ``Journal``
+(fanotify, polled every 10 ms) on its own copy of the layer (``cp -a`` of
+``$BENCH_DATA/<profile>``, kept between runs; ``--fresh`` copies again) and its own store
+(new each run, so its first checkpoint v0 is a full walk that reads everything).
+
+Each round: ``../shared/bench/mutate.sh`` on both copies (the same change: 1% of the files
+edited, ``rich`` installed in the venv, 2% more rows in the 215 MB SQLite database, a
+directory deleted, a commit), ``sync``, then, timed and alternating which version goes
+first, ``Engine.create`` on each: the whole checkpoint and its capture (``capture()``),
+with the walk it took and how many files it read. Then, untimed, each worker restores v0
+(the undo of the step; its undo checkpoint and the round's checkpoints are deleted, so the
+next round's data are new to the store). Round 0 follows the first checkpoint; every
+later round follows an undo, as in ``bench_step.py``.
+
+``--pyspy`` records each timed checkpoint with ``py-spy record --idle`` (raw stacks in
+``--work``) and prints the share of the worker's main thread in the functions that matter.
+
+Wall times move with the load of this shared machine (``os.getloadavg`` is printed with
+each row): compare the two versions within a round, and their medians within one run.
+Output: a markdown table on stdout, JSON in ``benchmarks/results/capture-step-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+#: The commit before the capture work of issue 11's helper B1 (sig_diff for lost
+#: directories, page digests kept across an undo, big files read early).
+BASE = "daeb656"
+#: What the base takes from ``--base`` by default (the rest is ``--new``'s): the files of
+#: that work, so that the comparison is of it alone while others change the tree.
+ONLY = ("sprite_env/snapshot/capture.py", "sprite_env/snapshot/pagesums.py")
+MUTATE = os.path.join(REPO, "..", "shared", "bench", "mutate.sh")
+#: Functions whose share of the main thread ``--pyspy`` prints.
+FRAMES = (
+    "Capturer.run",
+    "Capturer._dir_walk",
+    "Future.result",
+    "_Batches.results",
+    "Capturer._start_group",
+    "Capturer._prefetch",
+    "Journal.begin",
+    "StoreWriter.commit",
+)
+
+
+# -- the worker (runs the frozen sprite-env) ------------------------------------------------
+
+
+def worker(layer: str, store: str) -> None:
+    """Serves ``create`` / ``undo`` / ``quit`` lines on stdin, one JSON line each on stdout."""
+    from sprite_env.checkpoints import Engine
+    from sprite_env.checkpoints import engine as engine_mod
+    from sprite_env.journal import Journal
+    from sprite_env.snapshot import capture as capture_mod
+
+    out = sys.stdout
+    sys.stdout = sys.stderr  # nothing else may write to the protocol
+    times: list[float] = []
+    made: list[Any] = []
+    real_capture = engine_mod.capture
+
+    def timed(*a: Any, **k: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return real_capture(*a, **k)
+        finally:
+            times.append(time.perf_counter() - t)
+
+    class Recorded(capture_mod.Capturer):  # type: ignore[misc,valid-type]
+        def __init__(self, *a: Any, **k: Any) -> None:
+            super().__init__(*a, **k)
+            made.append(self)
+
+    engine_mod.capture = timed
+    capture_mod.Capturer = Recorded
+    journal = Journal(layer)
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(0.01):
+            journal.poll()
+
+    threading.Thread(target=poll, daemon=True).start()
+
+    def reply(**kw: Any) -> None:
+        out.write(json.dumps(kw) + "\n")
+        out.flush()
+
+    with Engine(layer, store) as e:
+        e.journal = journal
+        t = time.perf_counter()
+        v0 = e.create("v0")
+        first = time.perf_counter() - t
+        e.create("base")  # the journal's first walk (full); what follows is journal-driven
+        reply(ready=True, first_s=first, files=v0.files, pid=os.getpid())
+        for line in sys.stdin:
+            op = line.strip()
+            if op == "create":
+                times.clear()
+                made.clear()
+                load = os.getloadavg()[0]
+                t = time.perf_counter()
+                cp = e.create("step")
+                total = time.perf_counter() - t
+                c = made[-1]
+                reply(
+                    create_s=total,
+                    capture_s=times[-1],
+                    walk=cp.walk,
+                    walk_reason=cp.walk_reason,
+                    files_read=c.stats.files_read,
+                    bytes_read=c.stats.bytes_read,
+                    early=getattr(c, "early_taken", None),
+                    load=load,
+                )
+            elif op == "undo":
+                t = time.perf_counter()
+                e.restore("v0")
+                extra = [c.id for c in e.checkpoints(include_auto=True) if c.id != "v0"]
+                e.delete_many(extra)
+                reply(undo_s=time.perf_counter() - t)
+            else:
+                break
+    stop.set()
+    journal.close()
+
+
+# -- the driver ---------------------------------------------------------------------------
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _short(rev: str) -> str:
+    return subprocess.run(
+        ["git", "-C", REPO, "rev-parse", "--short", rev], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def freeze(rev: str, dest: str, paths: tuple[str, ...] = (), paths_rev: str = "") -> str:
+    """``sprite_env/`` as committed at ``rev`` (with ``paths`` as at ``paths_rev``) plus
+    the built extension; returns what it is."""
+    what = _short(rev)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.makedirs(dest)
+    archive = subprocess.run(
+        ["git", "-C", REPO, "archive", rev, "sprite_env"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+    for path in paths:
+        old = subprocess.run(
+            ["git", "-C", REPO, "show", f"{paths_rev}:{path}"], capture_output=True, check=True
+        ).stdout
+        with open(os.path.join(dest, path), "wb") as f:
+            f.write(old)
+    if paths:
+        what += f" with {', '.join(os.path.basename(p) for p in paths)} of {_short(paths_rev)}"
+    for name in os.listdir(os.path.join(REPO, "sprite_env")):
+        if name.endswith(".so"):
+            shutil.copy2(os.path.join(REPO, "sprite_env", name), os.path.join(dest, "sprite_env"))
+    return what
+
+
+def mutate(root: str, data: str) -> float:
+    t = time.perf_counter()
+    p = subprocess.run(
+        ["bash", MUTATE, root],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "BENCH_DATA": data},
+    )
+    if p.returncode != 0:
+        raise RuntimeError(f"mutate.sh {root}: exit {p.returncode}: {p.stderr[-800:]}")
+    return time.perf_counter() - t
+
+
+class Worker:
+    def __init__(self, name: str, src: str, layer: str, store: str) -> None:
+        self.name = name
+        shutil.rmtree(store, ignore_errors=True)
+        env = {**os.environ, "PYTHONPATH": src}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-P", os.path.abspath(__file__), "--worker", layer, store],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.ready = self.ask(None)
+
+    def ask(self, op: str | None) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        if op is not None:
+            self.proc.stdin.write(op + "\n")
+            self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker {self.name} exited ({self.proc.wait()})")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+
+
+def pyspy_start(pid: int, path: str) -> subprocess.Popen[bytes] | None:
+    exe = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not os.path.exists(exe):
+        return None
+    argv = [exe, "record", "--pid", str(pid), "--rate", "500", "--idle", "--nonblocking"]
+    p = subprocess.Popen(
+        [*argv, "--format", "raw", "-o", path, "--threads"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(1.0)  # attached before the timed run starts
+    return p
+
+
+def pyspy_stop(p: subprocess.Popen[bytes] | None) -> None:
+    if p is not None:
+        time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=60)
+
+
+def breakdown(path: str) -> dict[str, float]:
+    """Seconds of the worker's main thread spent in each of ``FRAMES`` (inclusive)."""
+    if not os.path.exists(path):
+        return {}
+    seconds: collections.Counter[str] = collections.Counter()
+    with open(path) as f:
+        for line in f:
+            stack, _, n = line.rstrip("\n").rpartition(" ")
+            if "MainThread" not in stack.split(";", 1)[0] or "Engine.create" not in stack:
+                continue
+            seconds["Engine.create"] += int(n) / 500
+            for frame in FRAMES:
+                if f";{frame} (" in stack:
+                    seconds[frame] += int(n) / 500
+    return {k: round(v, 3) for k, v in seconds.items()}
+
+
+def table(rows: list[list[str]], head: list[str]) -> str:
+    out = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="medium")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--base", default=BASE, help=f"the version compared with (default {BASE})")
+    ap.add_argument("--new", default="HEAD")
+    ap.add_argument(
+        "--only",
+        default=",".join(ONLY),
+        help="the base is --new with only these files as at --base ('' for all of --base)",
+    )
+    ap.add_argument("--work", default=os.path.join(HERE, ".data", "scratch-capture-step"))
+    ap.add_argument("--fresh", action="store_true", help="copy the layers again")
+    ap.add_argument("--pyspy", action="store_true", help="record each timed checkpoint")
+    ap.add_argument("--out", help="JSON results file")
+    ap.add_argument("--worker", nargs=2, metavar=("LAYER", "STORE"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(*args.worker)
+        return 0
+    if os.geteuid() != 0:
+        ap.error("needs root (fanotify)")
+    data = os.environ.get("BENCH_DATA", os.path.join(HERE, ".data", "bench-data"))
+    source = os.path.join(data, args.profile)
+    os.makedirs(args.work, exist_ok=True)
+    versions = {"base": args.base, "new": args.new}
+    workers: dict[str, Worker] = {}
+    commits: dict[str, str] = {}
+    results: dict[str, list[dict[str, Any]]] = {v: [] for v in versions}
+    try:
+        for v, rev in versions.items():
+            src = os.path.join(args.work, f"src-{v}")
+            if v == "base" and args.only:
+                commits[v] = freeze(args.new, src, tuple(args.only.split(",")), rev)
+            else:
+                commits[v] = freeze(rev, src)
+            layer = os.path.join(args.work, f"layer-{v}")
+            if args.fresh or not os.path.exists(layer + ".complete"):
+                shutil.rmtree(layer, ignore_errors=True)
+                log(f"copying {source} to {layer} ...")
+                subprocess.run(["cp", "-a", source, layer], check=True)
+                open(layer + ".complete", "w").close()
+            log(f"{v} ({commits[v]}): first checkpoint of {layer} ...")
+            w = Worker(
+                v, os.path.join(args.work, f"src-{v}"), layer, os.path.join(args.work, f"store-{v}")
+            )
+            workers[v] = w
+            log(f"  {w.ready['files']} files, {w.ready['first_s']:.1f} s")
+        for r in range(args.rounds):
+            for v in versions:
+                took = mutate(os.path.join(args.work, f"layer-{v}"), data)
+                log(f"round {r}: mutate.sh on {v}: {took:.1f} s")
+            os.sync()
+            time.sleep(0.2)  # out of the racy window, as after an agent's step
+            order = list(versions) if r % 2 == 0 else list(reversed(versions))
+            for v in order:
+                w = workers[v]
+                prof = os.path.join(args.work, f"pyspy-{v}-{r}.txt")
+                spy = pyspy_start(w.ready["pid"], prof) if args.pyspy else None
+                res = w.ask("create")
+                pyspy_stop(spy)
+                if args.pyspy:
+                    res["pyspy"] = breakdown(prof)
+                results[v].append(res)
+                log(
+                    f"  {v}: create {res['create_s']:.3f} s, capture {res['capture_s']:.3f} s, "
+                    f"walk {res['walk']} {res['walk_reason']!r}, {res['files_read']} files read, "
+                    f"load {res['load']:.1f}" + (f" {res['pyspy']}" if args.pyspy else "")
+                )
+            for v in versions:
+                workers[v].ask("undo")
+    finally:
+        for w in workers.values():
+            w.close()
+
+    def med(v: str, key: str, rounds: slice) -> float | None:
+        xs = [r[key] for r in results[v][rounds]]
+        return statistics.median(xs) if xs else None
+
+    rows = []
+    for label, sl in (
+        ("round 0 (after the first checkpoint)", slice(0, 1)),
+        ("after an undo (rounds 1-)", slice(1, None)),
+    ):
+        for key in ("create_s", "capture_s"):
+            b, n = med("base", key, sl), med("new", key, sl)
+            if b is None or n is None:
+                continue
+            rows.append([f"{label}: {key[:-2]}", f"{b:.3f}", f"{n:.3f}", f"{n / b:.2f}x"])
+    print(
+        table(
+            rows,
+            [
+                "the checkpoint of one step (s, median)",
+                f"base {commits['base']}",
+                f"new {commits['new']}",
+                "new / base",
+            ],
+        )
+    )
+    sys.path.insert(0, HERE)
+    from _peers import write_results
+
+    path = write_results(
+        "capture-step",
+        {"profile": args.profile, "commits": commits, "rounds": args.rounds, "runs": results},
+        args.out,
+    )
+    log(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
