@@ -51,7 +51,7 @@ int fw_write(struct fw_file *f)
     int fd;
     do {
         fd = openat(f->dirfd, f->name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                    0600);
+                    (mode_t)f->create_mode);
     } while (fd < 0 && errno == EINTR);
     if (fd < 0) {
         return fail(f, -1, FW_OPEN, errno);
@@ -81,15 +81,17 @@ int fw_write(struct fw_file *f)
     if (end != size && ftruncate(fd, (off_t)size) != 0) {
         return fail(f, fd, FW_TRUNCATE, errno);
     }
-    if (fchown(fd, (uid_t)f->uid, (gid_t)f->gid) != 0) {
+    if (f->chown && fchown(fd, (uid_t)f->uid, (gid_t)f->gid) != 0) {
         return fail(f, fd, FW_CHOWN, errno);
     }
-    ssize_t xl = flistxattr(fd, NULL, 0);
-    if (xl < 0 && errno != ENOTSUP) {
-        return fail(f, fd, FW_LISTXATTR, errno);
+    if (f->check_xattrs) {
+        ssize_t xl = flistxattr(fd, NULL, 0);
+        if (xl < 0 && errno != ENOTSUP) {
+            return fail(f, fd, FW_LISTXATTR, errno);
+        }
+        f->has_xattrs = xl > 0;
     }
-    f->has_xattrs = xl > 0;
-    if (fchmod(fd, (mode_t)f->mode) != 0) {
+    if (f->chmod && fchmod(fd, (mode_t)f->mode) != 0) {
         return fail(f, fd, FW_CHMOD, errno);
     }
     struct timespec ts[2];

@@ -55,13 +55,30 @@ PyDoc_STRVAR(write_files_doc,
 "of the files created with extended attributes (inherited ones: the caller sets them).\n"
 "Raises OSError (with the name) for the first file that failed, which is removed and\n"
 "after which nothing is written; ValueError for a malformed chunk list, an object not\n"
-"given or shorter than a piece of it, or a name with a slash.");
+"given or shorter than a piece of it, or a name with a slash.\n\n"
+"Steps known to be no-ops are skipped: owner (uid, gid) is the owner a new file gets\n"
+"here (no fchown for a file of that owner; None: always); umask the process's (>= 0: a\n"
+"file whose mode is plain permission bits the umask keeps is created with it, no\n"
+"fchmod; -1: always); xattrs false: no directory here hands down extended attributes\n"
+"(no flistxattr; the result is then empty).");
 
-static PyObject *native_write_files(PyObject *self, PyObject *args)
+static PyObject *native_write_files(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     (void)self;
-    PyObject *files_in, *objects;
-    if (!PyArg_ParseTuple(args, "OO!:write_files", &files_in, &PyDict_Type, &objects)) {
+    static char *kwlist[] = {"", "", "owner", "umask", "xattrs", NULL};
+    PyObject *files_in, *objects, *owner = Py_None;
+    int umask_ = -1, xattrs = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!|$Oip:write_files", kwlist, &files_in,
+                                     &PyDict_Type, &objects, &owner, &umask_, &xattrs)) {
+        return NULL;
+    }
+    int have_owner = owner != Py_None;
+    unsigned int own_uid = 0, own_gid = 0;
+    if (have_owner && !PyArg_ParseTuple(owner, "II:owner", &own_uid, &own_gid)) {
+        return NULL;
+    }
+    if (umask_ > 0777) {
+        PyErr_SetString(PyExc_ValueError, "umask must be -1 or permission bits");
         return NULL;
     }
     /* our own references: the list and the dict may change once the GIL is released */
@@ -119,6 +136,13 @@ static PyObject *native_write_files(PyObject *self, PyObject *args)
         f->uid = uid;
         f->gid = gid;
         f->mtime_ns = mtime;
+        f->chown = !have_owner || uid != own_uid || gid != own_gid;
+        /* plain permission bits only: chown clears setuid/setgid, and a create may drop
+         * setgid for a group the process is not in */
+        int as_is = umask_ >= 0 && (f->mode & 07000u) == 0 && (f->mode & (unsigned)umask_) == 0;
+        f->create_mode = as_is ? f->mode : 0600u;
+        f->chmod = !as_is;
+        f->check_xattrs = xattrs;
         f->pieces = &pieces[k];
         f->npieces = (size_t)(clen / CHUNK_LEN);
         for (Py_ssize_t at = 0; at < clen; at += CHUNK_LEN, k++) {
@@ -200,7 +224,8 @@ out:
 }
 
 static PyMethodDef filewrite_methods[] = {
-    {"write_files", native_write_files, METH_VARARGS, write_files_doc},
+    {"write_files", (PyCFunction)(void (*)(void))native_write_files, METH_VARARGS | METH_KEYWORDS,
+     write_files_doc},
     {NULL, NULL, 0, NULL},
 };
 

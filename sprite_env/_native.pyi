@@ -120,13 +120,25 @@ def tree_splice(old_tree: Buffer, blob: Buffer, added: list[bytes], /) -> bytes:
     """
 
 def write_files(
-    files: list[tuple[int, bytes, int, int, int, int, bytes]], objects: dict[bytes, bytes], /
+    files: list[tuple[int, bytes, int, int, int, int, bytes]],
+    objects: dict[bytes, bytes],
+    /,
+    *,
+    owner: tuple[int, int] | None = None,
+    umask: int = -1,
+    xattrs: bool = True,
 ) -> list[int]:
     """Creates and writes each file of ``files``, ``(dirfd, name, mode, uid, gid, mtime_ns,
     chunks)``: ``chunks`` a chunk list as tree objects encode it, the pieces' bytes taken
     from ``objects`` (an all-zero id is a hole, never written); owner, mode and times set
     (``O_CREAT | O_EXCL | O_NOFOLLOW``, big files without holes preallocated). The GIL is
     released while the files are written, in order (filewrite.c).
+
+    Steps known to be no-ops are skipped: ``owner`` is the ``(uid, gid)`` a new file gets
+    here (no ``fchown`` for a file of that owner; None: always), ``umask`` the process's (a
+    file whose mode is plain permission bits the umask keeps is created with it, no
+    ``fchmod``; -1: always), ``xattrs`` false when no directory here hands down extended
+    attributes (no ``flistxattr``; nothing is then returned).
 
     Returns:
         The indices of the files created with extended attributes (inherited: the caller

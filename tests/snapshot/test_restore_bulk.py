@@ -80,10 +80,12 @@ def test_an_export_writes_files_in_native_batches(
     assert real is not None
 
     def counted(
-        files: list[tuple[int, bytes, int, int, int, int, bytes]], objects: dict[bytes, bytes]
+        files: list[tuple[int, bytes, int, int, int, int, bytes]],
+        objects: dict[bytes, bytes],
+        **skips: object,
     ) -> list[int]:
         calls.append(len(files))
-        return real(files, objects)
+        return real(files, objects, **skips)
 
     monkeypatch.setattr(bulkrestore, "_write_files", counted)
     dest = os.path.join(os.fspath(tmp_path), "out")  # type: ignore[call-overload]
@@ -220,3 +222,154 @@ def test_write_files_refuses_and_names_what_it_cannot_write(tmp_path: object) ->
         assert not os.path.exists(os.path.join(d, "x"))
     finally:
         os.close(fd)
+
+
+# -- steps skipped where they change nothing (filewrite.h) ------------------------------------
+
+_SKIP_MODES = [0o644, 0o755, 0o640, 0o600, 0o444, 0o000, 0o666, 0o4755, 0o2750, 0o1777]
+
+
+def _write_probe(d: str, owner: tuple[int, int] | None, umask: int, xattrs: bool) -> list[int]:
+    """One file per mode of ``_SKIP_MODES`` (owner 0:0) and one of owner 1234:56, written
+    by ``write_files`` with these skips; their stats checked exactly."""
+    objects, (a,) = _objects(b"payload")
+    one = encode_chunks([(a, 0, 7)])
+    specs = [(0, f"m{m:o}".encode(), m, 0, 0, 1_000 + m, one) for m in _SKIP_MODES]
+    specs.append((0, b"other", 0o644, 1234, 56, 5, one))
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        specs = [(fd, *s[1:]) for s in specs]
+        fix = write_files(specs, objects, owner=owner, umask=umask, xattrs=xattrs)
+    finally:
+        os.close(fd)
+    for _fd, name, mode, uid, gid, mtime, _c in specs:
+        st = os.stat(os.path.join(d, os.fsdecode(name)))
+        assert (st.st_mode & 0o7777, st.st_uid, st.st_gid, st.st_mtime_ns) == (
+            mode,
+            uid,
+            gid,
+            mtime,
+        ), name
+        with open(os.path.join(d, os.fsdecode(name)), "rb") as f:
+            assert f.read() == b"payload"
+    return fix
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to other owners needs root")
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o000])
+def test_write_files_skips_only_steps_that_change_nothing(tmp_path: object, umask: int) -> None:
+    """With the owner, umask and no inheritance given, every file still gets exactly its
+    mode (special bits, bits the umask would clear), owner and time."""
+    d = os.fspath(tmp_path)  # type: ignore[call-overload]
+    old = os.umask(umask)
+    try:
+        assert _write_probe(d, (0, 0), umask, False) == []
+    finally:
+        os.umask(old)
+
+
+_PROBE = """
+import os, sys
+sys.path[:0] = [{repo!r}]
+from tests.snapshot.test_restore_bulk import _write_probe
+os.umask(0o022)
+_write_probe({d!r}, {owner!r}, {umask!r}, {xattrs!r})
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to other owners needs root")
+@pytest.mark.skipif(
+    not any(os.access(os.path.join(p, "strace"), os.X_OK) for p in os.defpath.split(":")),
+    reason="needs strace",
+)
+def test_write_files_makes_fewer_system_calls_when_told_what_is_a_no_op(tmp_path: str) -> None:
+    """Counted by strace: without skips every file is chowned, chmodded and listed (11
+    files: 33 calls); with the process's owner, its umask 022 and no inheritance, only the
+    one file of another owner is chowned and only the modes the umask or special bits
+    change (0666, 4755, 2750, 1777) are chmodded."""
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def calls(d: str, owner: tuple[int, int] | None, umask: int, xattrs: bool) -> list[str]:
+        os.mkdir(d)
+        log = d + ".strace"
+        code = _PROBE.format(repo=repo, d=d, owner=owner, umask=umask, xattrs=xattrs)
+        subprocess.run(
+            [
+                "strace",
+                "-f",
+                "-qq",
+                "-e",
+                "trace=fchown,fchmod,flistxattr",
+                "-o",
+                log,
+                sys.executable,
+                "-c",
+                code,
+            ],
+            check=True,
+        )
+        with open(log) as f:
+            return [ln.split("(")[0].split()[-1] for ln in f if "(" in ln]
+
+    base = os.fspath(tmp_path)
+    every = calls(os.path.join(base, "all"), None, -1, True)
+    assert sorted(every) == sorted(["fchown", "fchmod", "flistxattr"] * 11)
+    few = calls(os.path.join(base, "few"), (0, 0), 0o022, False)
+    assert sorted(few) == sorted(["fchown"] + ["fchmod"] * 4)
+
+
+def test_no_ops_follow_the_destination(tmp_path: object) -> None:
+    """A plain destination: the process's owner, its umask, nothing inherited; a setgid
+    one hands its group down (always chown); one with a default ACL hands that down."""
+    d = os.fspath(tmp_path)  # type: ignore[call-overload]
+    plain, sgid = os.path.join(d, "plain"), os.path.join(d, "sgid")
+    os.mkdir(plain)
+    os.mkdir(sgid)
+    os.chmod(sgid, 0o2755)
+    old = os.umask(0o027)
+    try:
+        for path, owner in [(plain, (os.geteuid(), os.getegid())), (sgid, None)]:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                assert bulkrestore._no_ops(fd) == {"owner": owner, "umask": 0o027, "xattrs": False}
+            finally:
+                os.close(fd)
+    finally:
+        os.umask(old)
+    os.setxattr(plain, b"user.note", b"x")
+    fd = os.open(plain, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert bulkrestore._no_ops(fd)["xattrs"] is True
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to other owners needs root")
+def test_an_export_into_a_setgid_directory_keeps_the_groups(
+    layer: tuple[str, Engine], tmp_path: object
+) -> None:
+    """A setgid destination of group 1234 would give every new file that group: files of
+    group 0 are still exported with it, under a umask that clears some of their bits."""
+    root, engine = layer
+    trees.build_tree(
+        root,
+        {
+            "a": trees.File(b"x", mode=0o644),
+            "d/b": trees.File(b"y", mode=0o664, uid=5, gid=0),
+            "d/c": trees.File(b"z", mode=0o2755),
+        },
+    )
+    engine.create()
+    dest = os.path.join(os.fspath(tmp_path), "out")  # type: ignore[call-overload]
+    os.mkdir(dest)
+    os.chown(dest, 0, 1234)
+    os.chmod(dest, 0o2775)
+    old = os.umask(0o077)
+    try:
+        engine.export("v0", dest)
+    finally:
+        os.umask(old)
+    trees.assert_trees_equal(root, dest, check_root_meta=False)
