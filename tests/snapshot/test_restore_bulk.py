@@ -321,13 +321,17 @@ def test_write_files_makes_fewer_system_calls_when_told_what_is_a_no_op(tmp_path
     assert sorted(few) == sorted(["fchown"] + ["fchmod"] * 4)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a directory of another group needs root")
 def test_no_ops_follow_the_destination(tmp_path: object) -> None:
-    """A plain destination: the process's owner, its umask, nothing inherited; a setgid
-    one hands its group down (always chown); one with a default ACL hands that down."""
+    """A destination of the process's group: its owner, its umask, nothing inherited; one
+    of another group may hand that down (setgid, or ``grpid``): always chown; one with
+    xattrs may hand them down: always look."""
     d = os.fspath(tmp_path)  # type: ignore[call-overload]
     plain, sgid = os.path.join(d, "plain"), os.path.join(d, "sgid")
     os.mkdir(plain)
+    os.chown(plain, os.geteuid(), os.getegid())
     os.mkdir(sgid)
+    os.chown(sgid, 0, 1234)
     os.chmod(sgid, 0o2755)
     old = os.umask(0o027)
     try:
