@@ -690,6 +690,11 @@ class Engine:
             self._verified.add(oid)
             return data
 
+        def read_many_verified(oids: list[ObjectId]) -> list[bytes]:
+            datas = self.store.read_many(oids)
+            self._verified.update(oids)
+            return datas
+
         checked = self._checked
         if checked is not None and checked[:2] == (live_top, target_top):
             # The undo checkpoint found the layer as the check did: the same diff, so the
@@ -713,7 +718,9 @@ class Engine:
             self._checked = (live_top, target_top, needs)
         preflight.check_space(self.root, needs, what=f"restoring {cid}")
         needs.objects = {o: p for o, p in needs.objects.items() if o not in self._verified}
-        preflight.verify_objects(read_verified, needs, cid, keep=self._kept)
+        preflight.verify_objects(
+            read_verified, needs, cid, keep=self._kept, read_many=read_many_verified
+        )
 
     def reset(self, *, created_by: str = "user", progress: Progress | None = None) -> RestoreReport:
         """Empties the layer (back to the base image below it), keeping every checkpoint;

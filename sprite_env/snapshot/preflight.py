@@ -52,6 +52,8 @@ SLACK_BYTES = 64 << 10
 SLACK_RATIO = 0.01
 #: Objects verified in parallel: zstd and BLAKE3 release the GIL.
 VERIFY_THREADS = 2
+#: Objects read per call when the reader reads many at once.
+VERIFY_BATCH = 64
 
 
 @dataclass
@@ -215,10 +217,16 @@ def verify_objects(
     needs: RestoreNeeds,
     checkpoint: str | None,
     keep: Prefetched | None = None,
+    read_many: Callable[[list[ObjectId]], list[bytes]] | None = None,
 ) -> None:
     """Reads and hashes every object in ``needs``; raises :class:`CheckpointDamaged` for
     the first damaged or missing one, naming the path that needs it. ``keep``: where the
-    bytes read are kept for the restore (only the slices of patched files' objects)."""
+    bytes read are kept for the restore (only the slices of patched files' objects).
+    ``read_many``: reads (and verifies) ``VERIFY_BATCH`` objects at a time, one catalog
+    query and one read per run of neighbours in a pack each (a batch that fails is read
+    again object by object, to name the damaged one): one at a time, the lookups were half
+    of the check's verifying on the medium step (2,400 objects).
+    """
     items = list(needs.objects.items())
 
     def check(item: tuple[ObjectId, bytes]) -> tuple[bytes, SpriteError] | None:
@@ -230,8 +238,24 @@ def verify_objects(
             keep.keep(item[0], data, needs.slices.get(item[0]))
         return None
 
+    def check_batch(batch: list[tuple[ObjectId, bytes]]) -> tuple[bytes, SpriteError] | None:
+        assert read_many is not None
+        try:
+            datas = read_many([oid for oid, _path in batch])
+        except SpriteError:
+            return next((bad for bad in map(check, batch) if bad is not None), None)
+        if keep is not None:
+            for (oid, _path), data in zip(batch, datas, strict=True):
+                keep.keep(oid, data, needs.slices.get(oid))
+        return None
+
     with ThreadPoolExecutor(VERIFY_THREADS, thread_name_prefix="restore-verify") as pool:
-        for bad in pool.map(check, items):
+        if read_many is None:
+            results = pool.map(check, items)
+        else:
+            batches = [items[i : i + VERIFY_BATCH] for i in range(0, len(items), VERIFY_BATCH)]
+            results = pool.map(check_batch, batches)
+        for bad in results:
             if bad is not None:
                 raise CheckpointDamaged(checkpoint, bad[0], bad[1])
 

@@ -15,9 +15,14 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
+import pytest
+
 from sprite_env.checkpoints import Engine
 from sprite_env.checkpoints.verify import verify_store
+from sprite_env.snapshot import preflight
 from sprite_env.snapshot import restore as restore_mod
+from sprite_env.store import codec
+from sprite_env.store.pack import ENTRY, pack_path
 from tests.helpers import trees
 
 if TYPE_CHECKING:
@@ -212,3 +217,29 @@ def test_the_files_cache_after_an_undo_of_many_directories(tmp_path: os.PathLike
         again = e.create("again", progress=lambda _phase, s: stats.append(s))
         assert stats[-1].files_read == 0  # type: ignore[attr-defined]
         assert again.top_tree == c0.top_tree
+
+
+def test_a_damaged_object_among_many_is_named_by_the_check(tmp_path: os.PathLike[str]) -> None:
+    """The check reads its objects ``VERIFY_BATCH`` at a time; one damaged object in a
+    batch is still named with the file that needs it, and nothing is changed."""
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    blobs = {f"f{i:03d}": os.urandom(5000 + i) for i in range(3 * preflight.VERIFY_BATCH)}
+    trees.build_tree(root, {n: trees.File(b) for n, b in blobs.items()})
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        e.create("c0")
+        for n in blobs:
+            with open(os.path.join(root, n), "wb") as f:
+                f.write(b"changed")
+        loc = e.store.catalog.locate(codec.object_id(blobs["f100"]))
+        assert loc is not None
+        with open(pack_path(e.store.packs_dir, loc.pack), "r+b") as f:
+            f.seek(loc.entry.offset + ENTRY.size + 5)
+            b = f.read(1)
+            f.seek(loc.entry.offset + ENTRY.size + 5)
+            f.write(bytes([b[0] ^ 0x40]))
+        e.store.forget_pack(loc.pack)
+        before = trees.snapshot_tree(root)
+        with pytest.raises(preflight.CheckpointDamaged) as info:
+            e.check_restore("v0")
+        assert "f100" in str(info.value)
+        trees.assert_trees_equal(before, root)
