@@ -365,7 +365,9 @@ def rebuild(store: Store) -> RebuildReport:
         found.append((name, cls, size, entries))
     cat: Catalog = store.catalog
     with cat.transaction() as db:
-        db.execute("DELETE FROM objects")
+        # The view's tables themselves: through its trigger a row at a time (catalog.py).
+        db.execute("DELETE FROM objects_main")
+        db.execute("DELETE FROM objects_new")
         db.execute("DELETE FROM packs")
         seen: set[bytes] = set()
         for name, cls, size, entries in found:

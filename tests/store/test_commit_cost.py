@@ -13,13 +13,19 @@ from typing import TYPE_CHECKING
 
 import blake3
 
+import sprite_env.store.catalog as catalog_mod
 import sprite_env.store.pack as pack_mod
 import sprite_env.store.writer as writer_mod
 from sprite_env.checkpoints import Engine
 from sprite_env.checkpoints.verify import verify_store
+from sprite_env.ids import ObjectId, PackName
 from sprite_env.store import open_store
+from sprite_env.store.catalog import Catalog, insert_pack
+from sprite_env.store.pack import Entry
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import pytest
 
     from sprite_env.store import Store
@@ -157,3 +163,90 @@ def test_a_pack_that_cannot_be_made_durable_fails_its_commit_and_leaves_nothing(
     assert r.stdout.split("\n")[:2] == ["committed", "1 0 3"]
     with open_store(store_dir, writable=False) as s:
         assert verify_store(s, read_data=True).ok
+
+
+def _rows(n: int, seed: bytes) -> list[Entry]:
+    return [
+        Entry(ObjectId(blake3.blake3(seed + b"%d" % i).digest()), 16 + 100 * i, 50, 60, 0, 0)
+        for i in range(n)
+    ]
+
+
+def _wal_frames_of(cat: Catalog, write: Callable[[sqlite3.Connection], None]) -> int:
+    """The WAL frames (pages) one transaction writes: the WAL is copied back in full first,
+    so the transaction starts it over and is all it holds."""
+    assert cat._copier is not None
+    cat._copier.settle()
+    with cat.transaction() as db:
+        write(db)
+    cat._copier.settle()
+    probe = sqlite3.connect(cat.path)
+    try:
+        _, frames, _ = probe.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    finally:
+        probe.close()
+    return int(frames)
+
+
+def test_new_object_rows_dirty_pages_in_proportion_to_them(tmp_path: os.PathLike[str]) -> None:
+    cat = Catalog(os.path.join(os.fspath(tmp_path), "catalog.db"))
+    try:
+        with cat.transaction() as db:
+            insert_pack(db, PackName("a" * 64), 0, 1, _rows(60_000, b"old"))
+        cat.merge_objects()  # 60k rows in the main table: about 850 leaves
+        new = _rows(2_000, b"new")
+        frames = _wal_frames_of(cat, lambda db: insert_pack(db, PackName("b" * 64), 0, 1, new))
+        # The same rows straight into the main table, as before schema 6: nearly every leaf.
+        control = _wal_frames_of(
+            cat,
+            lambda db: db.executemany(
+                "INSERT INTO objects_main VALUES (?,?,?,?,?,?,?)",
+                [(e.id, 1, e.offset + 1, 1, 1, 0, 0) for e in _rows(2_000, b"control")],
+            ),
+        )
+        assert frames < 120
+        assert control > 500
+        assert cat.object_count() == 64_000
+        assert cat.has(new[7].id)
+        assert cat.has_many([e.id for e in new[:600]]) == {e.id for e in new[:600]}
+        loc = cat.locate(new[3].id)
+        assert loc is not None
+        assert loc.pack == "b" * 64
+    finally:
+        cat.close()
+
+
+def test_new_rows_move_to_the_main_table_after_a_commit_and_stay_unique(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(catalog_mod, "MERGE_ROWS", 500)
+    cat = Catalog(os.path.join(os.fspath(tmp_path), "catalog.db"))
+    try:
+        first = _rows(400, b"x")
+        with cat.transaction() as db:
+            insert_pack(db, PackName("a" * 64), 0, 1, first)
+        assert cat._copier is not None
+        cat._copier.settle()
+        assert cat.query("SELECT count(*) FROM objects_new") == [(400,)]  # under the bound
+        with cat.transaction() as db:  # 200 more, 100 of them known already: ignored
+            insert_pack(db, PackName("b" * 64), 0, 1, first[300:] + _rows(100, b"y"))
+        cat._copier.settle()
+        assert cat.query("SELECT count(*) FROM objects_new") == [(0,)]  # moved
+        assert cat.query("SELECT count(*) FROM objects_main") == [(500,)]
+        assert cat.object_count() == 500  # each id once
+        loc = cat.locate(first[350].id)
+        assert loc is not None
+        assert loc.pack == "a" * 64  # the first row of an id stays
+        with cat.transaction() as db:  # the view's triggers reach both tables
+            insert_pack(db, PackName("c" * 64), 0, 1, _rows(10, b"z"))
+            db.execute("UPDATE objects SET offset = 7 WHERE id = ?", (first[0].id,))
+            db.execute(
+                "DELETE FROM objects WHERE pack = (SELECT id FROM packs WHERE name = ?)",
+                ("c" * 64,),
+            )
+        assert cat.object_count() == 500
+        loc = cat.locate(first[0].id)
+        assert loc is not None
+        assert loc.entry.offset == 7
+    finally:
+        cat.close()
