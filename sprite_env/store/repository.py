@@ -113,6 +113,10 @@ class RemoteSource(Protocol):
         """Fetches those of the packs not cached, several at once."""
         ...
 
+    def open_entries(self, name: PackName, spans: list[tuple[int, int]]) -> int | None:
+        """A private descriptor of just ``spans`` of the pack, or None (open it whole)."""
+        ...
+
 
 class _LocalThenRemote:
     """The :class:`~sprite_env.store.ports.PackOpener` of a store in object storage:
@@ -129,6 +133,13 @@ class _LocalThenRemote:
             return self.local.open(name)
         except FileNotFoundError:
             return self.remote.open(name)
+
+    def open_entries(self, name: PackName, spans: list[tuple[int, int]]) -> int | None:
+        """Only ``spans`` of a pack in the bucket (``RemotePacks.open_entries``); None for
+        one in ``packs/`` (read here, whole) or not worth reading by range."""
+        if os.path.exists(pack_path(self.local.packs_dir, name)):
+            return None
+        return self.remote.open_entries(name, spans)
 
     def prefetch(self, names: Iterable[PackName]) -> None:
         """The bucket's packs among ``names`` fetched at once (``PackFiles.prefetch``)."""

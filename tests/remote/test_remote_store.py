@@ -188,3 +188,26 @@ def test_a_smaller_bound_is_applied_at_the_next_open(storage: S3Storage, tmp_pat
         assert 1 <= len(_files(cache)) <= 2
         assert s.remote.cached_bytes() <= 150_000  # type: ignore[union-attr]
         assert s.read_many(list(objs)) == list(objs.values())
+
+
+def test_one_object_of_a_pack_not_cached_is_read_by_range(storage: S3Storage, tmp_path) -> None:
+    """A bucket store (``--store s3://``) reading one object of a pack neither in
+    ``packs/`` nor in the cache fetches just its bytes (a ranged GET), caching nothing."""
+    path = str(tmp_path / "store")
+    with _open(path, storage) as s:
+        data = [os.urandom(20_000) for _ in range(40)]
+        with s.writer(pack_size=4 << 20) as w:  # one pack: an object is 1/40 of it
+            objs = {w.put(o, ObjectKind.DATA): o for o in data}
+            w.commit()
+        push(s, storage)
+    cache = os.path.join(path, "cache")
+    for f in _files(cache):  # as on a machine that never read it
+        os.unlink(os.path.join(cache, f))
+    with _open(path, storage) as s:
+        assert _files(s.packs_dir) == set()
+        oid = next(iter(objs))
+        assert s.read_many([oid]) == [objs[oid]]
+        stats = s.remote.stats  # type: ignore[union-attr]
+        assert (stats.fetched, stats.ranged) == (0, 1), stats
+        assert stats.bytes_ranged < 2 * len(objs[oid])
+        assert _files(cache) == set()
