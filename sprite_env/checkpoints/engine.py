@@ -712,6 +712,8 @@ class Engine:
                     block=block,
                     patch_min=PATCH_MIN,
                     memo=self._trees,
+                    # both sides in the store (a resume's live side is hash-only: not there)
+                    read_many=self.store.read_many if read_tree == self.store.read else None,
                 )
             except SpriteError as e:  # a damaged tree or chunk list of the target
                 raise preflight.CheckpointDamaged(cid, b".", e) from None

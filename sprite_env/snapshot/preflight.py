@@ -36,6 +36,7 @@ from sprite_env.snapshot.diff import (
     ReadTree,
     TreeMemo,
     diff_trees,
+    prefetch_trees,
     read_entries,
 )
 from sprite_env.snapshot.patch import changed_ranges
@@ -97,6 +98,7 @@ def plan_needs(
     block: int = 4096,
     patch_min: int,
     memo: TreeMemo | None = None,
+    read_many: Callable[[list[ObjectId]], list[bytes]] | None = None,
 ) -> RestoreNeeds:
     """Walks the restore's diff (live -> target) and adds up what it will write and read.
 
@@ -108,6 +110,7 @@ def plan_needs(
         block: the file system's block size, for rounding.
         patch_min: files at least this big are patched in place (``restore.PATCH_MIN``).
         memo: trees decoded, kept for the restore that follows (``diff.TreeMemo``).
+        read_many: reads many trees of both sides at once (``diff.prefetch_trees``).
     """
     needs = RestoreNeeds()
 
@@ -170,6 +173,8 @@ def plan_needs(
     def pieces_live(e: TreeEntry) -> list[Piece]:
         return decode_chunks(read_tree(ObjectId(e.payload)) if e.indirect else e.payload)
 
+    if read_many is not None and memo is not None:
+        prefetch_trees(read_many, live_top, target_top, memo)
     for d in diff_trees(read_tree, live_top, target_top, memo):
         one(d)
     return needs

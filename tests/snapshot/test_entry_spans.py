@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import pytest
 
 from sprite_env.checkpoints import Engine
 from sprite_env.errors import CorruptObject
-from sprite_env.snapshot.diff import Entries, diff_trees, differing, read_entries, top_entry
+from sprite_env.snapshot.diff import (
+    Entries,
+    diff_trees,
+    differing,
+    prefetch_trees,
+    read_entries,
+    top_entry,
+)
 from sprite_env.snapshot.tree import (
     MAGIC,
     Kind,
@@ -18,6 +26,9 @@ from sprite_env.snapshot.tree import (
     entry_spans,
 )
 from tests.helpers import trees
+
+if TYPE_CHECKING:
+    from sprite_env.ids import ObjectId
 
 
 def _all_trees(e: Engine, top: bytes) -> list[bytes]:
@@ -95,3 +106,39 @@ def test_differing_names_for_plain_mappings_and_entries(tmp_path: os.PathLike[st
         eb = read_entries(e.store.read, top_entry(e.store.read, b).subtree)
     assert differing(ea, eb) == [b"w", b"x", b"z"]
     assert differing(dict(ea), dict(eb)) == [b"w", b"x", b"z"]
+
+
+def test_prefetch_reads_the_changed_directories_a_level_at_a_time(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """One ``read_many`` per level of the changed directories; the diff after it reads
+    no tree but the two tops, and finds the same differences."""
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    spec = {f"a{i}/b{j}/c/f": trees.File(b"%d%d" % (i, j)) for i in range(6) for j in range(6)}
+    trees.build_tree(root, spec)
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        old = e.create("a").top_tree
+        for i in range(0, 6, 2):
+            with open(os.path.join(root, f"a{i}/b{i}/c/f"), "ab") as f:
+                f.write(b" edited")
+        new = e.create("b").top_tree
+        expected = list(diff_trees(e.store.read, old, new))
+        calls: list[int] = []
+
+        def read_many(oids: list[ObjectId]) -> list[bytes]:
+            calls.append(len(oids))
+            return e.store.read_many(oids)
+
+        memo: dict = {}  # type: ignore[type-arg]
+        prefetch_trees(read_many, old, new, memo)
+        tops = {old, new}
+
+        def read_tree(oid: ObjectId) -> bytes:
+            assert oid in tops, "a tree read one by one after the prefetch"
+            return e.store.read(oid)
+
+        got = list(diff_trees(read_tree, old, new, memo))
+    assert [(d.path, d.change) for d in got] == [(d.path, d.change) for d in expected]
+    assert len(expected) == 3
+    # the two tops, then the root's, a{i}'s, b{i}'s and c's level: both sides each
+    assert calls == [1, 1, 2, 6, 6, 6]
