@@ -23,7 +23,8 @@ its own:
 3. a checkpoint with no change.
 
 Each checkpoint's phases come from timers around the functions that do them: the walk
-(``capture``), the packs' publication (``StoreWriter.flush``: their fsyncs and renames),
+(``capture``), the packs' completion (``StoreWriter.flush``: the last encodings, and the
+fsyncs and renames where a revision makes them there rather than beside the transaction),
 the catalog rows of the packs (``insert_pack``), the files cache and page digests
 (``dircache.save``, ``pagesums.save``), the journal's ``begin``, and SQLite's ``COMMIT``.
 "commit" is everything after the capture. Printed as a table; JSON to ``--out``
@@ -169,7 +170,7 @@ PHASES = [
     ("journal_begin", "journal begin"),
     ("capture", "walk (capture)"),
     ("commit_ms", "commit (after the walk)"),
-    ("packs_publish", "  packs published (fsync, rename)"),
+    ("packs_publish", "  packs finished (StoreWriter.flush)"),
     ("insert_pack", "  pack and object rows"),
     ("dircache_save", "  files cache rows"),
     ("pagesums_save", "  page digests"),
