@@ -42,6 +42,7 @@ import platform
 import re
 import stat
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -136,6 +137,10 @@ def probe(root: str, *, overlay: bool = False) -> str | None:
 
 def _abs(path: str | bytes) -> bytes:
     return os.fsencode(os.path.realpath(path))
+
+
+#: Tries of an open_by_handle_at that fails with ENOMEM (see Journal._open).
+_ENOMEM_TRIES = 3
 
 
 class _Doubt(Exception):
@@ -353,12 +358,21 @@ class Journal:
         return None
 
     def _open(self, handle: bytes) -> int | None:
-        try:
-            return fan.open_by_handle(self._mount_fd, handle, os.O_PATH | os.O_CLOEXEC)
-        except OSError as e:
-            if e.errno == errno.ESTALE:
-                return None  # the object is gone: see _resolve
-            raise _Doubt(f"cannot resolve a file handle ({os.strerror(e.errno or 0)})") from None
+        # ENOMEM: exportfs's reconnection of a directory handle fails with it (nfsd
+        # expects "ESTALE or ENOMEM" from fh_to_dentry), seen once while a restore's
+        # unlinker threads removed trees beside it: tried again before it is a doubt.
+        for attempt in range(_ENOMEM_TRIES):
+            try:
+                return fan.open_by_handle(self._mount_fd, handle, os.O_PATH | os.O_CLOEXEC)
+            except OSError as e:
+                if e.errno == errno.ESTALE:
+                    return None  # the object is gone: see _resolve
+                if e.errno == errno.ENOMEM and attempt + 1 < _ENOMEM_TRIES:
+                    time.sleep(0.001 * (attempt + 1))
+                    continue
+                why = os.strerror(e.errno or 0)
+                raise _Doubt(f"cannot resolve a file handle ({why})") from None
+        raise AssertionError("unreachable")
 
     def _dir_path(self, handle: bytes, cache: dict[bytes, bytes | None]) -> bytes | None:
         """The path of a directory relative to the root; None if gone or outside."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import shutil
@@ -281,3 +282,31 @@ def test_an_undecodable_record_makes_the_next_walk_full(layer: str) -> None:
             j._fd = real
             os.close(r)
             os.close(w)
+
+
+def test_a_handle_that_fails_with_enomem_is_tried_again_then_is_a_doubt(
+    layer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """open_by_handle_at's ENOMEM (exportfs failing to reconnect a directory) once: the
+    plan keeps its hint; every time: the walk is full, and says why."""
+    from sprite_env.journal import fanotify as fan
+
+    real = fan.open_by_handle
+    failures = {"left": 1}
+
+    def flaky(mount_fd: int, handle: bytes, flags: int) -> int:
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+        return real(mount_fd, handle, flags)
+
+    os.makedirs(f"{layer}/d")
+    monkeypatch.setattr(fan, "open_by_handle", flaky)
+    with started(layer) as j:
+        write_file(f"{layer}/d/f", b"1")
+        assert dirty_after(j)[0] == {b"d"}
+        failures["left"] = 10**6
+        write_file(f"{layer}/d/g", b"2")
+        plan = j.begin()
+        assert plan.hint is None
+        assert "Cannot allocate memory" in plan.reason
