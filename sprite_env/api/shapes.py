@@ -237,8 +237,9 @@ class RemoteGc(TypedDict):
 
 class RemoteStatus(TypedDict):
     """The background upload to the store's bucket (``/v1/status``'s ``remote``):
-    ``state`` idle, uploading, retrying (after a failed push: ``last_error`` says why,
-    ``next_attempt_s`` when it tries again), starting or stopped; ``local`` the checkpoints
+    ``state`` idle, uploading, retrying (after a failed push, or a lost lease:
+    ``last_error`` says why, and who holds the prefix; ``next_attempt_s`` when it tries
+    again), starting or stopped; ``local`` the checkpoints
     not yet remote; ``generation`` the newest this daemon pushed; ``progress`` the push's
     packs and bytes sent of those the bucket lacked; ``gc`` the last run of remote deletes
     (null until one ran)."""
