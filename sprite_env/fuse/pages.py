@@ -21,6 +21,11 @@ answered meanwhile. At unmount the thread is stopped before the session is destr
 it is waiting for such a read when nothing answers any more, the connection is aborted
 first (the read fails, the page is released), so it never writes to a destroyed session.
 
+Profiling: py-spy's default (blocking) sampling stops every thread of the process, and a
+thread in ``notify_store`` waiting for such a page cannot stop until the read is answered,
+by the thread py-spy already stopped: the server hangs until py-spy detaches. Sample the
+view with ``py-spy --nonblocking``.
+
 Nothing depends on a push: one that fails (``ENOENT``: the kernel forgot the inode;
 ``ENOSYS``) or is dropped because the queue is full leaves the read to the view as before.
 """
@@ -45,8 +50,10 @@ _Batch = tuple[list[tuple[int, bytes]], "Callable[[], None]"]
 #: Batches waiting for the thread at most (each up to ``operations.DIR_AHEAD_BYTES``): a
 #: walk faster than the pusher loses pushes, not memory.
 QUEUE_BATCHES = 16
-#: Seconds :meth:`PagePusher.stop` waits for a push in progress before it aborts.
+#: Seconds :meth:`PagePusher.stop` waits for a push in progress before it aborts, and
+#: after the abort.
 STOP_WAIT = 1.0
+ABORT_WAIT = 30.0
 
 
 class PagePusher:
@@ -113,4 +120,6 @@ class PagePusher:
         if self._thread.is_alive():
             log.warning("a page push waits for a read nobody answers now: aborting")
             abort()
-            self._thread.join()
+            self._thread.join(ABORT_WAIT)
+            if self._thread.is_alive():  # the abort failed: say so rather than hang
+                log.error("a page push is still waiting after the connection was aborted")
