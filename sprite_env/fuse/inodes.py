@@ -193,21 +193,29 @@ def entry_attributes(node: Node, timeout: float) -> pyfuse3.EntryAttributes:
     return a
 
 
-def root_attributes(mtime_ns: int, uid: int, gid: int, timeout: float) -> pyfuse3.EntryAttributes:
-    """The mount's root: read-only, owned by the mounting user, dated by the newest
-    checkpoint shown (a nanosecond later for each change of its listing that showed no
-    newer one, such as a delete: a directory's mtime changes with its names)."""
+def synthetic_attributes(
+    ino: int, mode: int, mtime_ns: int, uid: int, gid: int, timeout: float
+) -> pyfuse3.EntryAttributes:
+    """An entry the view makes up (the root, its status file): one link, all three times
+    ``mtime_ns``, ``timeout`` for both the entry and its attributes."""
     a = pyfuse3.EntryAttributes()
-    a.st_ino = ROOT_INODE
+    a.st_ino = ino
     a.entry_timeout = timeout
     a.attr_timeout = timeout
-    a.st_mode = stat.S_IFDIR | 0o555
+    a.st_mode = mode
     a.st_nlink = 1
     a.st_uid = uid
     a.st_gid = gid
     a.st_blksize = BLKSIZE
     a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = mtime_ns
     return a
+
+
+def root_attributes(mtime_ns: int, uid: int, gid: int, timeout: float) -> pyfuse3.EntryAttributes:
+    """The mount's root: read-only, owned by the mounting user, dated by the newest
+    checkpoint shown (a nanosecond later for each change of its listing that showed no
+    newer one, such as a delete: a directory's mtime changes with its names)."""
+    return synthetic_attributes(ROOT_INODE, stat.S_IFDIR | 0o555, mtime_ns, uid, gid, timeout)
 
 
 def _blocks(e: TreeEntry) -> int:

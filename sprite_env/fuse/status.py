@@ -26,12 +26,12 @@ import json
 import stat
 from typing import TYPE_CHECKING
 
-import pyfuse3
-
-from sprite_env.fuse.inodes import BLKSIZE
+from sprite_env.fuse.inodes import synthetic_attributes
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    import pyfuse3
 
     from sprite_env.fuse.source import CheckpointRef
 
@@ -61,16 +61,7 @@ def status_attributes(
 ) -> pyfuse3.EntryAttributes:
     """What ``stat`` shows for the file: read-only for all, owned as the root is, dated by
     its last change. ``timeout`` is the root's (its content changes with the listing)."""
-    a = pyfuse3.EntryAttributes()
-    a.st_ino = STATUS_INODE
-    a.entry_timeout = timeout
-    a.attr_timeout = timeout
-    a.st_mode = stat.S_IFREG | 0o444
-    a.st_nlink = 1
-    a.st_uid = uid
-    a.st_gid = gid
+    a = synthetic_attributes(STATUS_INODE, stat.S_IFREG | 0o444, mtime_ns, uid, gid, timeout)
     a.st_size = size
-    a.st_blksize = BLKSIZE
     a.st_blocks = (size + 511) // 512
-    a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = mtime_ns
     return a
