@@ -15,23 +15,13 @@ from typing import TYPE_CHECKING, Any
 from sprite_env.store.lease import LOCKS, Lease, LeasePolicy, holders
 from sprite_env.store.remote import generations, pull
 from tests.helpers.cli import run_cli
+from tests.helpers.daemon import write_file
 from tests.remote.faultproxy import FaultProxy
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from sprite_env.store.s3 import S3Storage
-
-
-def _url(storage: S3Storage) -> str:
-    return f"s3://{storage.url.bucket}/{storage.url.prefix}"
-
-
-def _write(root: str, rel: str, data: bytes) -> None:
-    path = os.path.join(root, rel)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
 
 
 def _create_remote(d: Any, comment: str) -> dict[str, Any]:
@@ -46,13 +36,13 @@ def test_a_second_daemon_is_refused_at_start_and_starts_after_the_first_stops(
     daemon_factory: Any, storage: S3Storage, tmp_path: Any
 ) -> None:
     base = os.fspath(tmp_path)
-    first = daemon_factory("--store", _url(storage), "--no-view")
+    first = daemon_factory("--store", repr(storage), "--no-view")
     held = holders(storage)
     assert len(held) == 1, held  # taken at start, before any push
     assert held[0].pid == first.proc.pid
 
     kw = {"root": os.path.join(base, "root2"), "state": os.path.join(base, "state2")}
-    second = daemon_factory("--store", _url(storage), "--no-view", wait=False, **kw)
+    second = daemon_factory("--store", repr(storage), "--no-view", wait=False, **kw)
     assert second.proc.wait(60) == 4, second.log()  # LeaseHeld: as StoreLocked
     log = second.log()
     assert "is held by" in log, log
@@ -61,15 +51,15 @@ def test_a_second_daemon_is_refused_at_start_and_starts_after_the_first_stops(
     assert [h.key for h in holders(storage)] == [held[0].key]  # nothing of its own left
 
     # The first keeps uploading under the lease it took at start, no new lock per push.
-    _write(first.root, "a/file", os.urandom(100_000))
+    write_file(os.path.join(first.root, "a/file"), os.urandom(100_000))
     _create_remote(first, "first's")
     assert [h.key for h in holders(storage)] == [held[0].key]
 
     assert first.stop() == 0, first.log()
     assert holders(storage) == []  # released at a clean stop
 
-    again = daemon_factory("--store", _url(storage), "--no-view", **kw)
-    _write(again.root, "b/file", b"second's")
+    again = daemon_factory("--store", repr(storage), "--no-view", **kw)
+    write_file(os.path.join(again.root, "b/file"), b"second's")
     _create_remote(again, "second's")
     assert [h.pid for h in holders(storage)] == [again.proc.pid]
 
@@ -81,20 +71,20 @@ def test_a_sigkilled_holders_lease_goes_stale_and_a_new_daemon_takes_it(
     # and a refused daemon's start (a few seconds on 2 loaded cores) still finds it live.
     env = {"SPRITE_ENV_LEASE_STALE": "10", "SPRITE_ENV_LEASE_REFRESH": "1"}
     base = os.fspath(tmp_path)
-    first = daemon_factory("--store", _url(storage), "--no-view", env=env)
-    _write(first.root, "a/file", os.urandom(50_000))
+    first = daemon_factory("--store", repr(storage), "--no-view", env=env)
+    write_file(os.path.join(first.root, "a/file"), os.urandom(50_000))
     _create_remote(first, "first's")
     first.kill()  # SIGKILL: no release, its lock stays in the bucket
     killed = time.monotonic()
     assert [h.pid for h in holders(storage)] == [first.proc.pid]
 
     kw = {"root": os.path.join(base, "root2"), "state": os.path.join(base, "state2")}
-    refused = daemon_factory("--store", _url(storage), "--no-view", wait=False, env=env, **kw)
+    refused = daemon_factory("--store", repr(storage), "--no-view", wait=False, env=env, **kw)
     assert refused.proc.wait(60) == 4, refused.log()  # still live: refused
     time.sleep(max(0.0, killed + 11.0 - time.monotonic()))  # stale: 10 s + the clock's 1 s
-    again = daemon_factory("--store", _url(storage), "--no-view", env=env, **kw)
+    again = daemon_factory("--store", repr(storage), "--no-view", env=env, **kw)
     assert [h.pid for h in holders(storage)] == [again.proc.pid]  # the stale one removed
-    _write(again.root, "b/file", b"second's")
+    write_file(os.path.join(again.root, "b/file"), b"second's")
     _create_remote(again, "second's")
 
 
@@ -103,12 +93,12 @@ def test_a_deletes_push_frees_the_superseded_generations_and_keeps_the_newest(
 ) -> None:
     # Grace 0 and one generation kept: the run after the delete's push frees at once.
     env = {"SPRITE_ENV_REMOTE_GRACE": "0", "SPRITE_ENV_REMOTE_KEEP": "1"}
-    d = daemon_factory("--store", _url(storage), "--no-view", env=env)
-    _write(d.root, "a/file", os.urandom(50_000))
+    d = daemon_factory("--store", repr(storage), "--no-view", env=env)
+    write_file(os.path.join(d.root, "a/file"), os.urandom(50_000))
     _create_remote(d, "kept")
-    _write(d.root, "b/file", os.urandom(50_000))
+    write_file(os.path.join(d.root, "b/file"), os.urandom(50_000))
     _create_remote(d, "deleted")
-    _write(d.root, "c/file", b"newest")
+    write_file(os.path.join(d.root, "c/file"), b"newest")
     _create_remote(d, "newest")  # the head: v1 is not it, so it may be deleted
     assert len(generations(storage)) == 3  # no delete pushed yet: nothing collected
     status, _ = d.json("DELETE", "/v1/checkpoints/v1")
@@ -182,8 +172,8 @@ def test_a_lock_replaced_by_another_writer_stops_uploads_until_it_is_free(
     # Renewed every 2 s (the removal is seen within that, even idle); 60 s stale, so
     # only the removal can lose it here.
     env = {"SPRITE_ENV_LEASE_STALE": "60", "SPRITE_ENV_LEASE_REFRESH": "2"}
-    d = daemon_factory("--store", _url(storage), "--no-view", env=env)
-    _write(d.root, "a/file", os.urandom(50_000))
+    d = daemon_factory("--store", repr(storage), "--no-view", env=env)
+    write_file(os.path.join(d.root, "a/file"), os.urandom(50_000))
     _create_remote(d, "before")
     # Another writer takes the prefix by force: right after the daemon renewed (its next
     # renewal a whole period away, so none writes a lock meanwhile), the daemon's lock
@@ -209,7 +199,7 @@ def test_a_lock_replaced_by_another_writer_stops_uploads_until_it_is_free(
 
         # Meanwhile a create commits locally and is not pushed: no generation of ours.
         pushed = generations(storage)
-        _write(d.root, "b/file", os.urandom(50_000))
+        write_file(os.path.join(d.root, "b/file"), os.urandom(50_000))
         assert d.create("while held elsewhere")["checkpoint"]["storage"] == "local"
         time.sleep(3.0)  # several rounds of its backoff
         assert generations(storage) == pushed
@@ -240,9 +230,9 @@ def test_a_lease_not_renewed_while_the_server_is_down_is_taken_again(
     }
     with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
         d = daemon_factory(
-            "--store", _url(storage), "--no-view", env={**env, "AWS_ENDPOINT_URL": proxy.url}
+            "--store", repr(storage), "--no-view", env={**env, "AWS_ENDPOINT_URL": proxy.url}
         )
-        _write(d.root, "a/file", os.urandom(50_000))
+        write_file(os.path.join(d.root, "a/file"), os.urandom(50_000))
         _create_remote(d, "before")
         proxy.down()
         # Idle, nothing to push: the status says so all the same, once the bound passed.
@@ -252,7 +242,7 @@ def test_a_lease_not_renewed_while_the_server_is_down_is_taken_again(
         assert "was not renewed for" in message, message
         assert "Could not connect" in message, message  # why: the server
         assert remote["state"] == "retrying", remote
-        _write(d.root, "b/file", os.urandom(50_000))
+        write_file(os.path.join(d.root, "b/file"), os.urandom(50_000))
         assert d.create("while down")["checkpoint"]["storage"] == "local"
         proxy.up()
         # Taken again (its own lock from before removed as a leftover) and v1 uploaded.

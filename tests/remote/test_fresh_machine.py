@@ -20,10 +20,6 @@ if TYPE_CHECKING:
     from sprite_env.store.s3 import S3Storage
 
 
-def _url(storage: S3Storage) -> str:
-    return f"s3://{storage.url.bucket}/{storage.url.prefix}"
-
-
 def _objects(storage: S3Storage) -> dict[str, object]:
     """Each object's ETag and time: a re-upload or an overwrite would show."""
     pages = storage.client.get_paginator("list_objects_v2").paginate(Bucket=storage.url.bucket)
@@ -50,7 +46,7 @@ def _data_packs(d: str) -> set[str]:
 def test_a_fresh_machine_lists_restores_exactly_and_forks(
     daemon_factory: Any, storage: S3Storage, tmp_path: Any
 ) -> None:
-    url = _url(storage)
+    url = repr(storage)
     a = daemon_factory(
         "--store", url, "--no-view", root=str(tmp_path / "a/root"), state=str(tmp_path / "a/st")
     )
@@ -143,6 +139,6 @@ def test_an_interrupted_lazy_pull_is_taken_again(storage: S3Storage, tmp_path) -
         pass  # as an interrupted pull leaves it: the marker, an empty catalog
     with open_backed_store(fresh, RemoteConfig(storage.url), storage=storage) as s:
         assert [r[0] for r in s.catalog.query("SELECT id FROM checkpoints")] == ["v0"]
-    r = run_cli("--root", root, "--store", _url(storage), "checkpoints", "list", "--json")
+    r = run_cli("--root", root, "--store", repr(storage), "checkpoints", "list", "--json")
     assert r.returncode == 0, r.stderr
     assert [c["id"] for c in json.loads(r.stdout)] == ["v0"]

@@ -23,6 +23,7 @@ from sprite_env.store.remote import (
 )
 from sprite_env.store.s3 import BadStoreUrl, RemoteError, S3Storage, StoreUrl
 from tests.helpers import trees
+from tests.helpers.daemon import write_file
 
 PUSH = """
 import sys
@@ -42,13 +43,6 @@ def _push_in_child(store_dir: str, storage: S3Storage, crash_at: str) -> int:
     env = dict(os.environ, SPRITE_ENV_CRASH_AT=crash_at)
     args = [sys.executable, "-c", PUSH, store_dir, storage.url.bucket, storage.url.prefix]
     return subprocess.run(args, env=env, capture_output=True, check=False).returncode
-
-
-def _write(root: str, rel: str, data: bytes) -> None:
-    path = os.path.join(root, rel)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
 
 
 def _packs_of(store_dir: str) -> set[str]:
@@ -94,7 +88,7 @@ def test_push_uploads_each_pack_once_then_the_generation(storage: S3Storage, tmp
         assert (again.generation.number, again.packs_uploaded) == (1, 0)
         assert again.packs_present == first.packs_uploaded
         assert again.generation.writer == first.generation.writer
-        _write(root, "new/file", b"fresh bytes" * 1000)
+        write_file(os.path.join(root, "new/file"), b"fresh bytes" * 1000)
         e.create("second")
         third = push(e.store, storage)
     assert third.generation.number == 2
@@ -114,7 +108,7 @@ def test_a_checkpoint_restored_on_another_machine(storage: S3Storage, tmp_path) 
     v0_tree = trees.snapshot_tree(root_a)
     with Engine(root_a, store_a) as e:
         e.create("v0")
-        _write(root_a, "etc/later", b"after v0")
+        write_file(os.path.join(root_a, "etc/later"), b"after v0")
         os.chmod(os.path.join(root_a, "etc/later"), 0o640)
         e.create("v1")
         push(e.store, storage)
@@ -161,8 +155,8 @@ def test_a_fault_at_each_step_of_a_push(
     with Engine(root, store_dir) as e:
         e.create("v0")
         push(e.store, storage)
-        _write(root, "big/one", os.urandom(300_000))
-        _write(root, "big/two", os.urandom(300_000))
+        write_file(os.path.join(root, "big/one"), os.urandom(300_000))
+        write_file(os.path.join(root, "big/two"), os.urandom(300_000))
         e.create("v1")
     before = _stamps(storage)
     assert _push_in_child(store_dir, storage, crash_at) != 0
@@ -198,7 +192,7 @@ def test_pull_passes_over_incomplete_generations(storage: S3Storage, tmp_path, e
     with Engine(root, store_dir) as e:
         e.create("v0")
         good = push(e.store, storage).generation
-        _write(root, "x", os.urandom(200_000))
+        write_file(os.path.join(root, "x"), os.urandom(200_000))
         e.create("v1")  # its packs are never uploaded
         early = str(tmp_path / "early.db")
         _backup(e.store, early)

@@ -23,6 +23,7 @@ from sprite_env.store.remote import (
 )
 from sprite_env.store.remote_gc import GcPolicy, collect, plan
 from tests.helpers import trees
+from tests.helpers.daemon import write_file
 
 if TYPE_CHECKING:
     from sprite_env.store.remote import Generation
@@ -32,13 +33,6 @@ if TYPE_CHECKING:
 #: LastModified: 1.3 s past the grace failed once in a loaded CI run, so 2.5 s.
 GRACE = 1.5
 PAST_GRACE = GRACE + 2.5
-
-
-def _write(root: str, rel: str, data: bytes) -> None:
-    path = os.path.join(root, rel)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
 
 
 def _named(storage: S3Storage, gen: Generation, tmp_path, tag: str) -> set[str]:
@@ -58,7 +52,7 @@ def test_a_delete_frees_remote_space_after_the_grace(storage: S3Storage, tmp_pat
     policy = GcPolicy(keep=1, grace=GRACE)
     root, store_dir = str(tmp_path / "layer"), str(tmp_path / "store")
     trees.build_tree(root, trees.sample_spec())
-    _write(root, "big", os.urandom(400_000))
+    write_file(os.path.join(root, "big"), os.urandom(400_000))
     with Engine(root, store_dir) as e:
         e.create("v0")
         old = push(e.store, storage).generation
@@ -121,10 +115,10 @@ def test_each_writer_keeps_its_newest_generations(storage: S3Storage, tmp_path) 
     ):
         b.restore("v0")
         for i in range(2):
-            _write(root_a, f"a{i}", os.urandom(30_000))
+            write_file(os.path.join(root_a, f"a{i}"), os.urandom(30_000))
             a.create(f"a{i}")
             push(a.store, storage)
-            _write(str(tmp_path / "b/layer"), f"b{i}", os.urandom(30_000))
+            write_file(os.path.join(str(tmp_path / "b/layer"), f"b{i}"), os.urandom(30_000))
             b.create(f"b{i}")
             push(b.store, storage)
         push(b.store, storage)  # B's newest, no change: A's head is now two numbers back
@@ -155,7 +149,7 @@ def test_a_damaged_or_incomplete_newest_keeps_the_complete_one(
     with Engine(root, store_dir) as e:
         e.create("v0")
         good = push(e.store, storage).generation
-        _write(root, "x", os.urandom(200_000))
+        write_file(os.path.join(root, "x"), os.urandom(200_000))
         e.create("v1")  # its packs are never uploaded
         early = str(tmp_path / "early.db")
         _backup(e.store, early)

@@ -15,10 +15,6 @@ from sprite_env.store.s3 import BadStoreUrl, S3Storage, StoreUrl
 from tests.helpers.cli import run_cli
 
 
-def _url(storage: S3Storage) -> str:
-    return f"s3://{storage.url.bucket}/{storage.url.prefix}"
-
-
 def test_cache_sizes_parse_in_binary_units() -> None:
     assert parse_size("2G") == 2 << 30
     assert parse_size("512MiB") == 512 << 20
@@ -74,8 +70,8 @@ def _refused_at_start(daemon_factory: Any, url: str, env: dict[str, str]) -> str
 def test_wrong_credentials_stop_the_daemon_at_start(
     daemon_factory: Any, storage: S3Storage
 ) -> None:
-    log = _refused_at_start(daemon_factory, _url(storage), {"AWS_SECRET_ACCESS_KEY": "wrong"})
-    assert f"cannot use the store {_url(storage)}" in log
+    log = _refused_at_start(daemon_factory, repr(storage), {"AWS_SECRET_ACCESS_KEY": "wrong"})
+    assert f"cannot use the store {storage!r}" in log
     assert "HTTP 403" in log
     assert "credentials" in log
 
@@ -96,8 +92,8 @@ def test_an_endpoint_that_does_not_answer_stops_the_daemon_at_start(
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_MAX_ATTEMPTS": "1"}
-    log = _refused_at_start(daemon_factory, _url(storage), env)
-    assert f"cannot use the store {_url(storage)}" in log
+    log = _refused_at_start(daemon_factory, repr(storage), env)
+    assert f"cannot use the store {storage!r}" in log
     assert "Could not connect" in log
 
 
@@ -106,11 +102,11 @@ def test_a_daemon_on_a_bucket_serves_and_checkpoints(
 ) -> None:
     """The value reaches the engine: the store keeps its local copy in STATE/store, with
     the pack cache beside its packs, and commits checkpoints there."""
-    d = daemon_factory("--store", _url(storage), "--cache-size", "64M", "--no-view")
+    d = daemon_factory("--store", repr(storage), "--cache-size", "64M", "--no-view")
     with open(os.path.join(d.root, "f"), "wb") as f:
         f.write(b"hello")
     assert d.create("first")["id"] == "v0"
     store = os.path.join(d.state, "store")
     assert os.path.isdir(os.path.join(store, "cache"))
     assert os.listdir(os.path.join(store, "packs"))  # captured here, as a local store does
-    assert f"packs in {_url(storage)}" in d.log()
+    assert f"packs in {storage!r}" in d.log()

@@ -15,21 +15,11 @@ from typing import TYPE_CHECKING, Any
 from sprite_env.store.remote import generations, pull
 from sprite_env.store.s3 import S3Storage, StoreUrl, make_client
 from tests.helpers.cli import run_cli
+from tests.helpers.daemon import write_file
 from tests.remote.conftest import Server, use_server
 
 if TYPE_CHECKING:
     import pytest
-
-
-def _url(storage: S3Storage) -> str:
-    return f"s3://{storage.url.bucket}/{storage.url.prefix}"
-
-
-def _write(root: str, rel: str, data: bytes) -> None:
-    path = os.path.join(root, rel)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
 
 
 def _storages(d: Any) -> dict[str, str]:
@@ -51,8 +41,8 @@ def _until_remote(d: Any, timeout: float = 30.0) -> dict[str, str]:
 def test_create_wait_remote_streams_the_upload_and_every_face_says_remote(
     daemon_factory: Any, storage: S3Storage
 ) -> None:
-    d = daemon_factory("--store", _url(storage), "--no-view")
-    _write(d.root, "a/file", os.urandom(200_000))
+    d = daemon_factory("--store", repr(storage), "--no-view")
+    write_file(os.path.join(d.root, "a/file"), os.urandom(200_000))
     status, evs = d.stream("POST", "/v1/checkpoint", {"comment": "durable", "wait_remote": True})
     assert status == 200, evs
     assert evs[-1]["type"] == "complete", evs
@@ -71,13 +61,13 @@ def test_create_wait_remote_streams_the_upload_and_every_face_says_remote(
     assert info["storage"] == "remote"
     status, st = d.json("GET", "/v1/status")
     remote = st["remote"]
-    assert remote["url"] == _url(storage)
+    assert remote["url"] == repr(storage)
     assert remote["state"] == "idle"
     assert remote["local"] == 0
     assert remote["last_error"] is None
     # The CLI: --wait-remote, the table's STORAGE column, --json, info.
     env = d.env()
-    _write(d.root, "b/file", b"second")
+    write_file(os.path.join(d.root, "b/file"), b"second")
     r = run_cli("checkpoints", "create", "--comment", "cli", "--wait-remote", env=env)
     assert r.returncode == 0, r.stderr
     assert "v1:" in r.stdout
@@ -99,9 +89,9 @@ def test_a_create_returns_before_its_upload_which_follows_in_commit_order(
     """Without --wait-remote a create answers at once (``local``); the background push
     makes each remote, coalescing creates that arrive meanwhile, and a delete is pushed
     too (the newest generation no longer holds it)."""
-    d = daemon_factory("--store", _url(storage), "--no-view")
+    d = daemon_factory("--store", repr(storage), "--no-view")
     for i in range(3):
-        _write(d.root, f"f{i}", os.urandom(100_000))
+        write_file(os.path.join(d.root, f"f{i}"), os.urandom(100_000))
         done = d.create(f"c{i}")
         assert done["checkpoint"]["storage"] in ("local", "remote")
     assert _until_remote(d) == {"v0": "remote", "v1": "remote", "v2": "remote"}
@@ -134,13 +124,13 @@ def test_a_daemon_killed_mid_upload_resumes_it_and_a_pull_elsewhere_gets_everyth
     state = str(tmp_path / "state")
     d = daemon_factory(
         "--store",
-        _url(storage),
+        repr(storage),
         "--no-view",
         state=state,
         env={"SPRITE_ENV_CRASH_AT": "remote-after-pack-put"},
     )
-    _write(d.root, "big/one", os.urandom(300_000))
-    _write(d.root, "big/two", os.urandom(300_000))
+    write_file(os.path.join(d.root, "big/one"), os.urandom(300_000))
+    write_file(os.path.join(d.root, "big/two"), os.urandom(300_000))
     status, evs = d.stream("POST", "/v1/checkpoint", {"comment": "c0"})
     assert evs[-1]["type"] == "complete", evs  # committed locally, then the upload began
     assert d.proc.wait(30) == -signal.SIGKILL
@@ -150,9 +140,9 @@ def test_a_daemon_killed_mid_upload_resumes_it_and_a_pull_elsewhere_gets_everyth
         "--root", d.root, "--store", os.path.join(state, "store"), "checkpoints", "list", "--json"
     )
     assert [c["storage"] for c in json.loads(r.stdout)] == ["local"], r.stderr
-    d2 = daemon_factory("--store", _url(storage), "--no-view", state=state)
+    d2 = daemon_factory("--store", repr(storage), "--no-view", state=state)
     assert _until_remote(d2) == {"v0": "remote"}
-    _write(d2.root, "big/three", os.urandom(300_000))
+    write_file(os.path.join(d2.root, "big/three"), os.urandom(300_000))
     assert d2.create("c1", wait_remote=True)["checkpoint"]["storage"] == "remote"
     ids = sorted(_storages(d2))
     assert ids == ["v0", "v1"]
@@ -174,14 +164,16 @@ def test_a_stopped_server_is_retried_the_daemon_serves_and_the_status_says_why(
         storage = S3Storage(StoreUrl("down", "store/"), make_client())
         storage.create_bucket()
         env = {"AWS_MAX_ATTEMPTS": "1"}  # each request once: the test needs no client retry
-        d = daemon_factory("--store", _url(storage), "--no-view", env=env)
+        d = daemon_factory("--store", repr(storage), "--no-view", env=env)
         server.stop()
-        _write(d.root, "f", os.urandom(100_000))
+        write_file(os.path.join(d.root, "f"), os.urandom(100_000))
         assert d.create("while down")["id"] == "v0"  # committed locally all the same
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             remote = d.json("GET", "/v1/status")[1]["remote"]
-            if remote["failures"] >= 1:
+            # In its backoff, not already on its next try (under load the poll can land
+            # on one: state "uploading" with failures >= 1).
+            if remote["failures"] >= 1 and remote["state"] == "retrying":
                 break
             time.sleep(0.1)
         assert remote["state"] == "retrying", remote
@@ -206,7 +198,7 @@ def test_without_a_remote_every_checkpoint_is_local_and_wait_remote_is_refused(
     daemon_factory: Any,
 ) -> None:
     d = daemon_factory("--no-view")
-    _write(d.root, "f", b"x")
+    write_file(os.path.join(d.root, "f"), b"x")
     assert d.create("plain")["checkpoint"]["storage"] == "local"
     assert _storages(d) == {"v0": "local"}
     assert d.json("GET", "/v1/status")[1]["remote"] is None

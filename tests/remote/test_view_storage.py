@@ -10,21 +10,11 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from tests.helpers.daemon import write_file
 from tests.remote.faultproxy import FaultProxy
 
 if TYPE_CHECKING:
     from sprite_env.store.s3 import S3Storage
-
-
-def _url(storage: S3Storage) -> str:
-    return f"s3://{storage.url.bucket}/{storage.url.prefix}"
-
-
-def _write(root: str, rel: str, data: bytes) -> None:
-    path = os.path.join(root, rel)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
 
 
 def _in_view(d: Any) -> dict[str, str]:
@@ -44,9 +34,9 @@ def test_the_view_says_local_until_the_push_then_remote(
     with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
         # each request once: a push fails at once while the proxy is down
         env = {"AWS_ENDPOINT_URL": proxy.url, "AWS_MAX_ATTEMPTS": "1"}
-        d = daemon_factory("--store", _url(storage), env=env)  # with its view
+        d = daemon_factory("--store", repr(storage), env=env)  # with its view
         proxy.down()
-        _write(d.root, "a/file", os.urandom(100_000))
+        write_file(os.path.join(d.root, "a/file"), os.urandom(100_000))
         assert d.create("first")["checkpoint"]["storage"] == "local"
         assert _in_view(d) == {"v0": "local"} == _listed(d)
         with open(os.path.join(d.state, "checkpoints", ".checkpoints.json"), "rb") as f:
