@@ -21,6 +21,13 @@ A create commits locally and returns; this task then pushes the store
   caller asks for a try now, and fails after :data:`WAIT_FAILURES` failed pushes.
 - **A prune meanwhile.** A delete may unlink a pack the push's copy named; that push
   fails with ``FileNotFoundError`` and is taken again at once with a new copy.
+- **Remote deletes, when something is retirable.** Every push adds a generation (a whole
+  catalog copy), so after each one a listing of ``catalog/`` (``remote_gc.due``) tells
+  whether one of this writer's generations beyond ``SPRITE_ENV_REMOTE_KEEP`` has passed
+  the grace; only then does a run (``remote_gc.collect``, which downloads the kept
+  generations) delete it and the packs no kept generation names. Otherwise the task
+  wakes when the grace passes, push or not, so a quiet daemon's bucket ends with
+  ``keep`` generations and no pack it no longer needs.
 - **The lease, held for the daemon's run.** One found lost (not renewed within half its
   stale time while the server was unreachable, or its lock removed from the bucket by
   another writer; ``store/lease.py``) stops the uploads at once, even while idle: the
@@ -58,7 +65,7 @@ from sprite_env.store.remote import (
     record_durable,
     writer_id,
 )
-from sprite_env.store.remote_gc import collect
+from sprite_env.store.remote_gc import GcPolicy, collect, due
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -147,10 +154,11 @@ class Uploader:
         self._refresh = lease.policy.refresh_every if lease is not None else BACKOFF_MAX_S
         if lease is not None:
             lease.on_lost = self._lease_lost
-        # Remote deletes (remote_gc.collect) are due after a push that dropped checkpoints,
-        # and again when what a run spared for the grace (1 h by default) passes it: the
-        # loop wakes for that at ``_gc_at`` (time.monotonic()) with no push needed.
-        self._gc_due = False
+        # Remote deletes (remote_gc.collect) run when a listing after a push finds one of
+        # this writer's generations retirable (remote_gc.due), and at ``_gc_at``
+        # (time.monotonic(); None: nothing waits) when what the grace spared comes due,
+        # with no push needed. Not after every push: a run downloads the kept generations.
+        self._gc_policy = GcPolicy.from_env()
         self._gc_at: float | None = None
         self.last_gc: dict[str, Any] | None = None  # the last run's outcome (status)
         self.on_change = on_change
@@ -293,10 +301,8 @@ class Uploader:
         except LeaseLost as e:
             self._drop_lease(self.lease.lost if self.lease is not None else None, e)
             raise
-        if self._durable - done[0]:
-            self._gc_due = True
-        if self._gc_due and self.lease is not None:
-            self._collect(self.lease)
+        if self.lease is not None:
+            self._after_push(self.lease)
         return done
 
     def _lease_lost(self, reason: str) -> None:
@@ -344,11 +350,29 @@ class Uploader:
         self._lost = None
         self._from_thread(self._set, last_error=None, failures=0)
 
+    def _after_push(self, lease: Lease) -> None:
+        """One listing of ``catalog/``: remote deletes now if a generation of this writer
+        is retirable, else a wake-up for when one will be (see ``remote_gc.due``)."""
+        try:
+            wait = due(self.storage, lease.writer, self._gc_policy)
+        except (SpriteError, OSError) as e:
+            log.warning(
+                "remote deletes on %r: listing failed (after the next push): %s", self.storage, e
+            )
+            return
+        if wait == 0 or self._gc_wait() == 0:
+            self._collect(lease)
+        elif wait is not None:
+            # +1 s: the server's clock has whole seconds (Last-Modified), so an age can
+            # read up to 1 s low.
+            at = time.monotonic() + wait + 1.0
+            self._gc_at = at if self._gc_at is None else min(self._gc_at, at)
+
     def _collect(self, lease: Lease) -> None:
         """Remote deletes under the held lease; a failure is logged and tried after the
         next push (the push itself succeeded)."""
         try:
-            report = collect(self.storage, lease.writer, lease=lease)
+            report = collect(self.storage, lease.writer, self._gc_policy, lease=lease)
         except LeaseLost as e:  # nothing more is deleted; taken again at the next round
             log.warning("remote deletes on %r stopped: %s", self.storage, e)
             self._drop_lease(lease.lost, e)
@@ -362,7 +386,6 @@ class Uploader:
             return
         # Due again once the soonest spared object passes the grace: +1 s, as the
         # server's clock has whole seconds (Last-Modified), so an age reads up to 1 s low.
-        self._gc_due = report.due_in is not None
         self._gc_at = time.monotonic() + report.due_in + 1.0 if report.due_in is not None else None
         gc = {
             "at": events.now_rfc3339(),
@@ -380,7 +403,7 @@ class Uploader:
 
     def _gc_wait(self) -> float:
         """Seconds until remote deletes the grace held back are due (inf: none wait)."""
-        if not self._gc_due or self._gc_at is None:
+        if self._gc_at is None:
             return math.inf
         return max(0.0, self._gc_at - time.monotonic())
 

@@ -228,6 +228,33 @@ def plan(storage: ObjectStorage, policy: GcPolicy | None = None) -> GcPlan:
     return GcPlan(sorted(retired), damaged, doomed, sorted(kept), frozenset(named), due)
 
 
+def due(storage: ObjectStorage, writer: str, policy: GcPolicy | None = None) -> float | None:
+    """Seconds until a run of :func:`collect` has one of ``writer``'s generations to
+    retire (0: now; None: it has no more than ``keep``), from one listing of ``catalog/``
+    and nothing downloaded.
+
+    Every push adds a generation (a whole copy of the catalog), so a writer that never
+    deletes still needs runs, or the bucket grows by one catalog per push; and a run
+    downloads every kept generation to learn what it names (``plan``), so it is worth
+    taking only when something is retirable. Positions stand in for completeness here
+    (:func:`plan` decides, and keeps more when a newer generation is incomplete): the
+    generation past ``keep`` is retirable once its successor is ``grace`` old.
+
+    Raises:
+        RemoteError: the listing failed.
+    """
+    policy = policy or GcPolicy.from_env()
+    cat: Listing = storage.listing("catalog/")
+    gens = sorted(
+        (g for g in map(Generation.parse, cat.objects) if g is not None and g.writer == writer),
+        reverse=True,
+    )
+    if len(gens) <= policy.keep:
+        return None
+    # The newest generation past ``keep`` was superseded when the one above it was stored.
+    return max(0.0, policy.grace - cat.age(gens[policy.keep - 1].name))
+
+
 def collect(
     storage: ObjectStorage,
     writer: str,
@@ -255,4 +282,4 @@ def collect(
         held.release()
 
 
-__all__ = ["GcPlan", "GcPolicy", "GcReport", "collect", "plan"]
+__all__ = ["GcPlan", "GcPolicy", "GcReport", "collect", "due", "plan"]

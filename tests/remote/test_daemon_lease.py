@@ -88,49 +88,71 @@ def test_a_sigkilled_holders_lease_goes_stale_and_a_new_daemon_takes_it(
     _create_remote(again, "second's")
 
 
-def test_a_deletes_push_frees_the_superseded_generations_and_keeps_the_newest(
+def _gc_runs_until(
+    d: Any, storage: S3Storage, numbers: list[int], timeout: float = 30, after: Any = None
+) -> Any:
+    """Waits until the bucket holds just the generations ``numbers`` and the uploader has
+    no run of remote deletes pending, and its last run (``remote.gc``, returned) is not
+    ``after`` (the status hears of a run just after its deletes are listed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        gc = d.json("GET", "/v1/status")[1]["remote"]["gc"]
+        held = [g.number for g in generations(storage)]
+        if gc is not None and gc["next_run_s"] is None and held == numbers and gc != after:
+            return gc
+        time.sleep(0.1)
+    raise AssertionError(f"{generations(storage)}, gc {gc}\n{d.log()}")
+
+
+def test_pushes_retire_the_generations_past_keep_and_a_delete_frees_its_packs(
     daemon_factory: Any, storage: S3Storage, tmp_path: Any
 ) -> None:
-    # Grace 0 and one generation kept: the run after the delete's push frees at once.
+    # Grace 0, one generation kept: each push's listing finds the one before retirable.
     env = {"SPRITE_ENV_REMOTE_GRACE": "0", "SPRITE_ENV_REMOTE_KEEP": "1"}
     d = daemon_factory("--store", repr(storage), "--no-view", env=env)
     write_file(os.path.join(d.root, "a/file"), os.urandom(50_000))
     _create_remote(d, "kept")
-    write_file(os.path.join(d.root, "b/file"), os.urandom(50_000))
+    write_file(os.path.join(d.root, "b/file"), os.urandom(300_000))
     _create_remote(d, "deleted")
     write_file(os.path.join(d.root, "c/file"), b"newest")
-    _create_remote(d, "newest")  # the head: v1 is not it, so it may be deleted
-    assert len(generations(storage)) == 3  # no delete pushed yet: nothing collected
+    _create_remote(d, "newest")
+    # No delete yet, and still not one catalog per push: the bucket keeps the newest. The
+    # run right after a push may read the superseded one as 0 s old (whole-second clock)
+    # and wait a second for it: the uploader wakes then, with no further push.
+    _gc_runs_until(d, storage, [2])
+    before = d.json("GET", "/v1/status")[1]["remote"]["gc"]
+
+    os.unlink(os.path.join(d.root, "b/file"))
     status, _ = d.json("DELETE", "/v1/checkpoints/v1")
     assert status == 200
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(generations(storage)) != 4:
-        time.sleep(0.1)
-
-    # The run right after the delete's push may find the newest generation 0 s old by the
-    # server's whole-second clock (superseded just now) and spare it for the grace: the
-    # uploader wakes when that passes and frees it, with no further push.
-    def settled() -> dict[str, Any] | None:
-        gc: dict[str, Any] | None = d.json("GET", "/v1/status")[1]["remote"]["gc"]
-        if gc is None or gc["next_run_s"] is not None:
-            return None  # no run yet, or one is due when the grace passes
-        return gc
-
-    while time.monotonic() < deadline and (
-        settled() is None or min(g.number for g in generations(storage)) < 3
-    ):
-        time.sleep(0.1)
-    gc = settled()
-    assert gc is not None, d.log()
-    assert gc["generations_deleted"] >= 1, gc
-    # The three before the delete's left the bucket (grace 0, keep 1); the newest stays.
-    assert [g.number for g in generations(storage)] == [3], d.log()
+    gc = _gc_runs_until(d, storage, [3], after=before)  # the delete's push, 2 retired
+    # The 300 kB only v1 held: generation 2 named its pack, generation 3 does not.
+    assert gc["bytes_freed"] >= 300_000, gc
     pulled = os.path.join(os.fspath(tmp_path), "pulled")
     pull(storage, pulled)  # everything the newest names is still there
     r = run_cli("--root", d.root, "--store", pulled, "checkpoints", "list", "--json")
     assert sorted(c["id"] for c in json.loads(r.stdout)) == ["v0", "v2"], r.stderr
     r = run_cli("--root", d.root, "--store", pulled, "store", "check", "--read-data")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_within_the_grace_pushes_run_no_deletes_and_after_it_the_uploader_retires(
+    daemon_factory: Any, storage: S3Storage
+) -> None:
+    # A run downloads every kept generation: within the grace a push lists catalog/ once
+    # and runs nothing; when the grace passes, the uploader runs with no push needed.
+    grace = 6.0
+    env = {"SPRITE_ENV_REMOTE_GRACE": str(grace), "SPRITE_ENV_REMOTE_KEEP": "1"}
+    d = daemon_factory("--store", repr(storage), "--no-view", env=env)
+    for n in range(3):
+        write_file(os.path.join(d.root, f"f{n}"), os.urandom(20_000))
+        _create_remote(d, f"step {n}")
+    pushed = time.monotonic()
+    assert [g.number for g in generations(storage)] == [2, 1, 0]
+    assert d.json("GET", "/v1/status")[1]["remote"]["gc"] is None  # no run yet
+    gc = _gc_runs_until(d, storage, [2], timeout=grace + 30)
+    assert time.monotonic() - pushed >= grace - 1.5, gc  # not before the grace (1 s clock)
+    assert gc["generations_deleted"] == 2, gc
 
 
 def _remote(d: Any) -> dict[str, Any]:
