@@ -294,11 +294,12 @@ def save(
     """
     db.executemany("DELETE FROM dircache WHERE path=?", ((p,) for p in removed))
     for p in removed_trees:
-        prefix = p + b"/"
-        db.execute(
-            "DELETE FROM dircache WHERE path = ? OR substr(path, 1, ?) = ?",
-            (p, len(prefix), prefix),
-        )
+        # a range of the primary key's index, not substr() over every row: paths are BLOBs
+        # (memcmp order), so what lies below p is exactly [p + "/", p + "0"): "0" is the
+        # byte after "/". 17k rows of 400-byte signatures (the medium layer's), in memory:
+        # 6.6 ms a removed tree with substr(), 0.02 ms with the range
+        db.execute("DELETE FROM dircache WHERE path = ?", (p,))
+        db.execute("DELETE FROM dircache WHERE path >= ? AND path < ?", (p + b"/", p + b"0"))
     db.executemany(
         "INSERT OR REPLACE INTO dircache(path, tree, stat, sum) VALUES (?,?,?,?)",
         ((p, c.tree, c.stat, row_sum(p, c.tree, c.stat)) for p, c in changed.items()),

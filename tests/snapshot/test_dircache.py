@@ -1,0 +1,53 @@
+"""dircache.save: rows removed with their subtree, by a range of the primary key."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sprite_env.snapshot import dircache
+
+_SCHEMA = (
+    "CREATE TABLE dircache (path BLOB PRIMARY KEY, tree BLOB NOT NULL, stat BLOB NOT NULL,"
+    " sum INTEGER)"
+)
+
+
+def _db(paths: set[bytes]) -> sqlite3.Connection:
+    db = sqlite3.connect(":memory:")
+    db.execute(_SCHEMA)
+    db.executemany("INSERT INTO dircache VALUES (?, x'00', x'', 0)", ((p,) for p in paths))
+    return db
+
+
+def _left(db: sqlite3.Connection) -> set[bytes]:
+    return {bytes(r[0]) for r in db.execute("SELECT path FROM dircache")}
+
+
+def test_a_removed_tree_takes_its_rows_and_no_neighbour() -> None:
+    # neighbours that sort between "a/" and "a0" as bytes or share the prefix "a"
+    paths = {b"", b"a", b"a/b", b"a/b/c", b"a/\xff", b"a.b", b"a-x", b"a0", b"ab", b"b/a"}
+    db = _db(paths)
+    dircache.save(db, {}, removed_trees=[b"a"])
+    assert _left(db) == {b"", b"a.b", b"a-x", b"a0", b"ab", b"b/a"}
+
+
+_name = st.sampled_from([b"a", b"a.", b"a0", b"a/", b"/", b"0", b"\xff", b"-", b"b"])
+_path = (
+    st.lists(_name, min_size=1, max_size=4)
+    .map(b"".join)
+    .filter(lambda p: not p.startswith(b"/") and not p.endswith(b"/") and b"//" not in p)
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sets(_path, max_size=30), st.lists(_path, max_size=3))
+def test_the_range_delete_removes_what_the_prefix_rule_names(
+    paths: set[bytes], trees: list[bytes]
+) -> None:
+    db = _db(paths)
+    dircache.save(db, {}, removed_trees=trees)
+    expected = {p for p in paths if not any(p == t or p.startswith(t + b"/") for t in trees)}
+    assert _left(db) == expected
