@@ -800,7 +800,11 @@ class Capturer:
                     gone.add(p)
         totals = {**self.hint.memo.totals, **self.totals}
         if gone:
-            totals = {p: t for p, t in totals.items() if not _under_any(p, gone)}
+            # one startswith a row (in C), not _under_any's walk up every ancestor: 0.30 s
+            # of the main thread's 7.2 s sampled (py-spy) in the medium step's checkpoint
+            # under load 9; 17k paths 9 deep in process under load 7: 250 ms -> 10 ms
+            below = tuple(g + b"/" for g in gone)
+            totals = {p: t for p, t in totals.items() if p not in gone and not p.startswith(below)}
         memo = WalkMemo(totals, memo.link_dirs, memo.link_inos, memo.root_ino)
         return CaptureResult(
             top_id,
