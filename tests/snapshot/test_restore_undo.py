@@ -167,6 +167,50 @@ def test_removed_directories_are_emptied_exactly(tmp_path: os.PathLike[str]) -> 
         assert not os.path.exists(os.path.join(root, "pkg.dist-info"))
 
 
+def test_a_removed_tree_wider_than_its_descriptor_bound(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A removed subtree of 31 directories, 3 levels deep, goes with at most
+    ``REMOVE_DIRS`` (here 4) of its directories open at once, emptied and removed in
+    several rounds; an excluded file 3 levels down keeps its directory and the two above
+    it, their other contents gone; no descriptor stays open."""
+    monkeypatch.setattr(restore_mod, "REMOVE_DIRS", 4)
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    _layer(root)
+    before = trees.snapshot_tree(root)
+    j = os.path.join
+    keep = "big/d1/e2/keep"
+    with Engine(root, j(os.fspath(tmp_path), "store"), excludes=[keep]) as e:
+        e.create("c0")
+        for a in range(5):
+            for b in range(5):
+                d = j(root, "big", f"d{a}", f"e{b}")
+                os.makedirs(d)
+                for i in range(20):
+                    with open(j(d, f"f{i}"), "wb") as f:
+                        f.write(os.urandom(100 + i))
+            os.symlink("e0", j(root, "big", f"d{a}", "link"))
+        with open(j(root, keep), "wb") as f:
+            f.write(b"excluded")
+        rep = e.restore("v0")
+        assert not [fd for fd in _open_fds() if "/big" in fd]
+        assert rep.stats.removed == 1 + 5 * (1 + 1 + 5 * 21)  # big, d*, link, e*, files
+        trees.assert_trees_equal(before, root, check_holes="exact", ignore=["big"])
+        assert os.listdir(j(root, "big")) == ["d1"]
+        assert os.listdir(j(root, "big/d1")) == ["e2"]
+        assert os.listdir(j(root, "big/d1/e2")) == ["keep"]
+
+
+def _open_fds() -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except FileNotFoundError:  # the listing's own descriptor
+            continue
+    return out
+
+
 SCRIPT = r"""
 import sys
 from sprite_env.checkpoints import Engine
