@@ -802,7 +802,10 @@ class ViewOperations(pyfuse3.Operations):
         source = self.source
 
         def load(ids: list[bytes]) -> list[Directory | FileLayout]:
-            return [Directory.parse(source.read(ObjectId(i))) for i in ids]
+            # one pin for the batch: one catalog query and one pread per run of neighbours
+            # (trees captured together lie together in a pack), not one of each per tree
+            raw = _read_once(source, [ObjectId(i) for i in ids])
+            return [Directory.parse(data) for data in raw]
 
         try:
             await self.trees.get_many(list(trees), load)
