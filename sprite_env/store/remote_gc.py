@@ -172,6 +172,18 @@ def _read(storage: ObjectStorage, gen: Generation, tmp: str) -> list[str] | None
             os.unlink(path)
 
 
+def _by_writer(cat: Listing) -> dict[str, list[Generation]]:
+    """The listing's generations by writer id, each list newest first."""
+    out: dict[str, list[Generation]] = {}
+    for name in cat.objects:
+        g = Generation.parse(name)
+        if g is not None:
+            out.setdefault(g.writer, []).append(g)
+    for gens in out.values():
+        gens.sort(reverse=True)
+    return out
+
+
 def plan(storage: ObjectStorage, policy: GcPolicy | None = None) -> GcPlan:
     """Decides what the bucket no longer needs (nothing is deleted here: a dry run).
 
@@ -181,19 +193,13 @@ def plan(storage: ObjectStorage, policy: GcPolicy | None = None) -> GcPlan:
     policy = policy or GcPolicy.from_env()
     cat: Listing = storage.listing("catalog/")
     packs: Listing = storage.listing("packs/")
-    by_writer: dict[str, list[Generation]] = {}
-    for name in cat.objects:
-        g = Generation.parse(name)
-        if g is not None:
-            by_writer.setdefault(g.writer, []).append(g)
     retired: list[Generation] = []
     damaged: list[str] = []
     kept: list[Generation] = []
     named: set[str] = set()
     waits: list[float] = []  # grace left of what is spared only for the grace
     with tempfile.TemporaryDirectory(prefix="sprite-remote-gc-") as tmp:
-        for gens in by_writer.values():
-            gens.sort(reverse=True)  # newest first
+        for gens in _by_writer(cat).values():  # newest first
             complete = 0
             for i, g in enumerate(gens):
                 # Superseded this long ago (by the next newer generation of its writer);
@@ -245,10 +251,7 @@ def due(storage: ObjectStorage, writer: str, policy: GcPolicy | None = None) -> 
     """
     policy = policy or GcPolicy.from_env()
     cat: Listing = storage.listing("catalog/")
-    gens = sorted(
-        (g for g in map(Generation.parse, cat.objects) if g is not None and g.writer == writer),
-        reverse=True,
-    )
+    gens = _by_writer(cat).get(writer, [])
     if len(gens) <= policy.keep:
         return None
     # The newest generation past ``keep`` was superseded when the one above it was stored.
