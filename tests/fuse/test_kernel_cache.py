@@ -6,6 +6,8 @@ them around real walks of a real mount, rather than timing anything.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import random
 from typing import TYPE_CHECKING
@@ -63,6 +65,34 @@ def _walk(top: str) -> tuple[dict[str, bytes], dict[str, str]]:
                 with open(path, "rb") as f:
                     files[rel] = f.read()
     return files, links
+
+
+def _in_page_cache(path: str) -> bool:
+    """Whether every page of the file is in the kernel's page cache (``mincore`` of a
+    shared mapping: it neither faults pages in nor sends the file system a read)."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return True
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
+    libc.mmap.argtypes += [ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr == ctypes.c_void_p(-1).value:
+            raise OSError(ctypes.get_errno(), "mmap")
+        try:
+            vec = ctypes.create_string_buffer((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE)
+            if libc.mincore(addr, size, vec) != 0:
+                raise OSError(ctypes.get_errno(), "mincore")
+            return all(b & 1 for b in vec.raw)
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
 
 
 def _requests(m: Mounted) -> Counter[str]:
@@ -193,8 +223,20 @@ def test_small_files_read_ahead_are_handed_to_the_kernel_and_cost_no_read(
         with open(m.path("v0", "many", "f00"), "rb") as f:
             assert f.read() == files["many/f00"]
         wait_until(lambda: m.call(lambda: m.ops.pages_pushed) >= 40, what="the pushes")
-        before = _requests(m)["read"]
+        pushed = [r for r in sorted(files) if r != "many/f00" and files[r]]
+        # Every pushed page is in the kernel's page cache (mincore: no read is sent).
+        cached = [r for r in pushed if _in_page_cache(m.path("v0", r))]
+        assert len(cached) >= len(pushed) - 2, f"not in the page cache: {set(pushed) - set(cached)}"
+        cost: dict[str, int] = {}
         for rel in sorted(files):
+            held = _in_page_cache(m.path("v0", rel))
+            before = _requests(m)["read"]
             with open(m.path("v0", rel), "rb") as f:
                 assert f.read() == files[rel], rel
-        assert _requests(m)["read"] == before
+            # A page cache drop anywhere on the machine (other tests, a cold benchmark:
+            # ``drop_caches``) may take pages between the push and the read; a file whose
+            # pages the kernel still held must cost no read.
+            if held:
+                cost[rel] = _requests(m)["read"] - before
+        assert len(cost) >= len(files) - 3
+        assert cost == dict.fromkeys(cost, 0)
