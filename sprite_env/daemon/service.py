@@ -986,7 +986,11 @@ async def run(
                     await _finish_interrupted(daemon)
                     if storage is not None:  # after a restore resumed: it commits
                         daemon.uploader = Uploader(
-                            engine, storage, lease=lease, on_change=daemon._after_push
+                            engine,
+                            storage,
+                            lease=lease,
+                            on_change=daemon._after_push,
+                            gc=config.remote.gc if config.remote is not None else None,
                         )
                         lease = None  # the uploader's now: it releases it when it stops
                         await services.start(daemon.uploader.run)
@@ -1168,7 +1172,7 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         )
     if args.max_checkpoints < 1:
         raise UserError("--max-checkpoints must be at least 1")
-    remote = _remote_of(args)  # a bad URL or size: said before anything starts
+    remote = _remote_of(args)  # a bad URL, size or keep: said before anything starts
     return DaemonConfig(
         root=root,
         state=state,

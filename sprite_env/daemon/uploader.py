@@ -142,6 +142,7 @@ class Uploader:
         *,
         lease: Lease | None = None,
         on_change: Callable[[], None] | None = None,
+        gc: GcPolicy | None = None,
     ) -> None:
         self.engine = engine
         self.storage = storage
@@ -158,7 +159,8 @@ class Uploader:
         # this writer's generations retirable (remote_gc.due), and at ``_gc_at``
         # (time.monotonic(); None: nothing waits) when what the grace spared comes due,
         # with no push needed. Not after every push: a run downloads the kept generations.
-        self._gc_policy = GcPolicy.from_env()
+        # The daemon passes the policy its configuration parsed (``RemoteConfig.gc``).
+        self._gc_policy = gc if gc is not None else GcPolicy()
         self._gc_at: float | None = None
         self.last_gc: dict[str, Any] | None = None  # the last run's outcome (status)
         self.on_change = on_change

@@ -30,10 +30,13 @@ from typing import TYPE_CHECKING
 from sprite_env.errors import NotAStore, UserError
 from sprite_env.store.cache import DEFAULT_MAX_BYTES, RemotePacks
 from sprite_env.store.remote import WRITER_KEY, generations, pull
+from sprite_env.store.remote_gc import GcPolicy
 from sprite_env.store.repository import MARKER, open_store
 from sprite_env.store.s3 import RemoteError, S3Storage, StoreUrl
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from sprite_env.store.remote import ObjectStorage
     from sprite_env.store.repository import Store
 
@@ -77,23 +80,29 @@ def is_remote(store: str | None) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class RemoteConfig:
-    """A store whose packs and catalog live in object storage: the bucket and prefix, and
-    the bound of the local pack cache (bytes). Endpoint and credentials come from the
-    standard AWS configuration (``s3.make_client``)."""
+    """A store whose packs and catalog live in object storage: the bucket and prefix, the
+    bound of the local pack cache (bytes), and what remote deletes keep. Endpoint and
+    credentials come from the standard AWS configuration (``s3.make_client``)."""
 
     url: StoreUrl
     cache_bytes: int = DEFAULT_CACHE_BYTES
+    gc: GcPolicy = GcPolicy()
 
     @classmethod
-    def parse(cls, store: str, cache_size: str | None = None) -> RemoteConfig:
-        """From ``--store s3://BUCKET/PREFIX`` and ``--cache-size``.
+    def parse(
+        cls, store: str, cache_size: str | None = None, env: Mapping[str, str] | None = None
+    ) -> RemoteConfig:
+        """From ``--store s3://BUCKET/PREFIX``, ``--cache-size`` and the environment's
+        ``SPRITE_ENV_REMOTE_KEEP`` and ``SPRITE_ENV_REMOTE_GRACE``: a bad value is said
+        here, before a daemon starts anything, not at its first remote delete.
 
         Raises:
             BadStoreUrl: not an ``s3://`` URL with a bucket.
             BadCacheSize: not a positive size.
+            BadRemoteSetting: a keep or grace that is not a number, or out of range.
         """
         size = parse_size(cache_size) if cache_size is not None else DEFAULT_CACHE_BYTES
-        return cls(StoreUrl.parse(store), size)
+        return cls(StoreUrl.parse(store), size, GcPolicy.from_env(env))
 
     def __str__(self) -> str:
         return f"s3://{self.url.bucket}/{self.url.prefix}"

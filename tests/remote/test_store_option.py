@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from sprite_env.store.backend import BadCacheSize, RemoteConfig, parse_size
+from sprite_env.store.remote_gc import GcPolicy
 from sprite_env.store.s3 import BadStoreUrl, S3Storage, StoreUrl
 from tests.helpers.cli import run_cli
 
@@ -34,25 +35,34 @@ def test_a_remote_config_is_the_url_and_the_cache_bound() -> None:
         RemoteConfig.parse("s3:///prefix")
 
 
+def test_the_remote_config_carries_what_remote_deletes_keep() -> None:
+    env = {"SPRITE_ENV_REMOTE_KEEP": "3", "SPRITE_ENV_REMOTE_GRACE": "60"}
+    assert RemoteConfig.parse("s3://b/p", env=env).gc == GcPolicy(keep=3, grace=60.0)
+    assert RemoteConfig.parse("s3://b/p", env={}).gc == GcPolicy()
+
+
 @pytest.mark.parametrize(
-    ("args", "said"),
+    ("args", "env", "said"),
     [
-        (["--store", "ftp://host/x"], "not an object storage URL"),
-        (["--store", "s3://b/p", "--cache-size", "3 parsecs"], "not a size"),
-        (["--cache-size", "1G"], "needs --store s3://"),
+        (["--store", "ftp://host/x"], {}, "not an object storage URL"),
+        (["--store", "s3://b/p", "--cache-size", "3 parsecs"], {}, "not a size"),
+        (["--cache-size", "1G"], {}, "needs --store s3://"),
+        (["--store", "s3://b/p"], {"SPRITE_ENV_REMOTE_KEEP": "0"}, "SPRITE_ENV_REMOTE_KEEP"),
+        (["--store", "s3://b/p"], {"SPRITE_ENV_REMOTE_GRACE": "1h"}, "SPRITE_ENV_REMOTE_GRACE"),
     ],
 )
 def test_bad_options_are_refused_before_anything_starts(
-    tmp_path: Any, args: list[str], said: str
+    tmp_path: Any, args: list[str], env: dict[str, str], said: str
 ) -> None:
-    """By the daemon and by an offline command: exit 2, one line, nothing created."""
+    """By the daemon and by an offline command: exit 2, one line, nothing created (a bad
+    keep or grace too: not at the daemon's first remote delete, after it served)."""
     state = tmp_path / "state"
-    r = run_cli("daemon", "--root", str(tmp_path), "--state", str(state), *args)
+    r = run_cli("daemon", "--root", str(tmp_path), "--state", str(state), *args, env=env)
     assert r.returncode == 2, r.stderr
     assert said in r.stderr
     assert "Traceback" not in r.stderr
     assert not state.exists()
-    r = run_cli("--root", str(tmp_path), *args, "checkpoints", "list")
+    r = run_cli("--root", str(tmp_path), *args, "checkpoints", "list", env=env)
     assert r.returncode == 2, r.stderr
     assert said in r.stderr
     assert "Traceback" not in r.stderr
