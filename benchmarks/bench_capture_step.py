@@ -3,12 +3,13 @@
 Usage::
 
     python benchmarks/bench_capture_step.py [--profile medium] [--rounds 4]
-        [--base REV] [--new REV] [--only PATHS] [--work DIR] [--fresh] [--pyspy]
-        [--out FILE]
+        [--base REV] [--new REV] [--only PATHS] [--base-native DIR] [--work DIR] [--fresh]
+        [--pyspy] [--out FILE]
 
 Each version is extracted with ``git archive`` into ``--work``
 (``benchmarks/.data/scratch-capture-step``) and run from there, in a worker process of its
-own with the extension built in the working tree (no C changed between the two): ``--new``
+own with the extension built in the working tree (or, for the base, the one found in
+``--base-native``: a copy of the build before a change to native/): ``--new``
 (default ``HEAD``), and the base: ``--new`` with the files of ``--only`` (default the
 capture and the page digests) as at ``--base`` (default the commit before that work), or,
 with ``--only ''``, all of ``--base``. Each worker holds an ``Engine`` and a ``Journal``
@@ -167,9 +168,11 @@ def _short(rev: str) -> str:
     ).stdout.strip()
 
 
-def freeze(rev: str, dest: str, paths: tuple[str, ...] = (), paths_rev: str = "") -> str:
+def freeze(
+    rev: str, dest: str, paths: tuple[str, ...] = (), paths_rev: str = "", native: str = ""
+) -> str:
     """``sprite_env/`` as committed at ``rev`` (with ``paths`` as at ``paths_rev``) plus
-    the built extension; returns what it is."""
+    the extension built in ``native`` (default: the working tree's); returns what it is."""
     what = _short(rev)
     shutil.rmtree(dest, ignore_errors=True)
     os.makedirs(dest)
@@ -185,9 +188,12 @@ def freeze(rev: str, dest: str, paths: tuple[str, ...] = (), paths_rev: str = ""
             f.write(old)
     if paths:
         what += f" with {', '.join(os.path.basename(p) for p in paths)} of {_short(paths_rev)}"
-    for name in os.listdir(os.path.join(REPO, "sprite_env")):
+    built = native or os.path.join(REPO, "sprite_env")
+    for name in os.listdir(built):
         if name.endswith(".so"):
-            shutil.copy2(os.path.join(REPO, "sprite_env", name), os.path.join(dest, "sprite_env"))
+            shutil.copy2(os.path.join(built, name), os.path.join(dest, "sprite_env"))
+    if native:
+        what += f" (extension of {native})"
     return what
 
 
@@ -294,6 +300,11 @@ def main() -> int:
         default=",".join(ONLY),
         help="the base is --new with only these files as at --base ('' for all of --base)",
     )
+    ap.add_argument(
+        "--base-native",
+        default="",
+        help="a directory holding the base's built extension (default: the working tree's)",
+    )
     ap.add_argument("--work", default=os.path.join(HERE, ".data", "scratch-capture-step"))
     ap.add_argument("--fresh", action="store_true", help="copy the layers again")
     ap.add_argument("--pyspy", action="store_true", help="record each timed checkpoint")
@@ -315,10 +326,11 @@ def main() -> int:
     try:
         for v, rev in versions.items():
             src = os.path.join(args.work, f"src-{v}")
+            native = args.base_native if v == "base" else ""
             if v == "base" and args.only:
-                commits[v] = freeze(args.new, src, tuple(args.only.split(",")), rev)
+                commits[v] = freeze(args.new, src, tuple(args.only.split(",")), rev, native)
             else:
-                commits[v] = freeze(rev, src)
+                commits[v] = freeze(rev, src, native=native)
             layer = os.path.join(args.work, f"layer-{v}")
             if args.fresh or not os.path.exists(layer + ".complete"):
                 shutil.rmtree(layer, ignore_errors=True)

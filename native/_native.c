@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "dirscan.h"
 #include "fastcdc.h"
@@ -20,6 +21,9 @@
 int filewrite_add_functions(PyObject *module);  /* filewrite_py.c */
 int treesplice_add_functions(PyObject *module); /* treesplice_py.c */
 int bulkread_add_functions(PyObject *module);   /* bulkread_py.c */
+
+/* Directories of at most this many entries are scanned with the GIL held (scan_dir). */
+#define SCAN_DIR_KEEP_GIL 256u
 
 /* Below this many bytes the scan is too short to be worth a GIL round trip. */
 #define RELEASE_GIL_MIN_BYTES 8192
@@ -166,7 +170,8 @@ PyDoc_STRVAR(scan_dir_doc,
 "Returns (blob, subdirs, files, bytes, symlinks, specials, irregular): blob is the\n"
 "signature rows in dircache.encode_sigs()'s format, subdirs the subdirectory names\n"
 "(sorted), then counts; irregular is true when a socket, a mount point or a hard link\n"
-"was seen (the caller must take its slow path). The GIL is released meanwhile.\n"
+"was seen (the caller must take its slow path). The GIL is released meanwhile, unless\n"
+"the directory is small (at most 256 entries: the scan is shorter than taking it back).\n"
 "Raises OSError.");
 
 static PyObject *native_scan_dir(PyObject *self, PyObject *args)
@@ -178,11 +183,31 @@ static PyObject *native_scan_dir(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "iLLK:scan_dir", &fd, &now_ns, &racy_ns, &root_dev)) {
         return NULL;
     }
+    /* A small directory is listed and stated with the GIL held. Releasing it costs
+     * nothing alone, but with another Python thread runnable (the store's encoders, the
+     * capture's readers, the journal's poll) taking it back can wait up to the switch
+     * interval (5 ms), where the scan of a small directory is well under a millisecond.
+     * 653 directories of 20-80 entries of the medium layer, warm, both builds alternating
+     * (7 rounds, load 5): alone 0.35 s either way; beside a thread that compresses 64 KiB
+     * with zstd between bits of Python 0.54 s released, 0.40 s held; beside a pure Python
+     * loop 0.75 s and 0.57 s. Past SCAN_DIR_KEEP_GIL names (or on an error) the listing
+     * goes on, and the stats are done, without it. */
     struct dirscan r;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = dirscan(fd, (int64_t)now_ns, (int64_t)racy_ns, (uint64_t)root_dev, &r);
-    Py_END_ALLOW_THREADS
+    struct dirscan_list l;
+    int rc = dirscan_open(fd, &l);
+    if (rc == 0) {
+        rc = dirscan_read(&l, SCAN_DIR_KEEP_GIL + 1u);
+    }
+    if (rc == 0 && l.eof && l.count <= SCAN_DIR_KEEP_GIL) {
+        rc = dirscan_stat(fd, &l, (int64_t)now_ns, (int64_t)racy_ns, (uint64_t)root_dev, &r);
+    } else if (rc == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = dirscan_stat(fd, &l, (int64_t)now_ns, (int64_t)racy_ns, (uint64_t)root_dev, &r);
+        Py_END_ALLOW_THREADS
+    } else {
+        memset(&r, 0, sizeof r);
+    }
+    dirscan_list_free(&l);
     PyObject *result = NULL, *blob = NULL, *subdirs = NULL;
     if (rc != 0) {
         errno = -rc;

@@ -331,3 +331,11 @@ void bulk_finish(struct bulk_task *t)
     close(t->dirfd);
     free(t);
 }
+
+bool bulk_done(struct bulk_task *t)
+{
+    pthread_mutex_lock(&pool.lock);
+    bool done = t->done == t->n;
+    pthread_mutex_unlock(&pool.lock);
+    return done;
+}

@@ -18,6 +18,7 @@
 #ifndef SPRITE_ENV_BULKREAD_H
 #define SPRITE_ENV_BULKREAD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -59,6 +60,9 @@ struct bulk_task *bulk_start(int dirfd, struct bulk_file *files, size_t n, size_
 
 /* Waits until every file of the task is done and frees the task (not the files). */
 void bulk_finish(struct bulk_task *t);
+
+/* True if every file of the task is done: bulk_finish() would not wait. */
+bool bulk_done(struct bulk_task *t);
 
 /* Frees a file's outputs (not xattr_fd) and clears them. */
 void bulk_file_free(struct bulk_file *f);

@@ -151,12 +151,12 @@ static PyObject *native_read_start(PyObject *self, PyObject *args)
         p->files[i].xattr_fd = -1;
     }
     p->n = n;
-    struct bulk_task *task;
-    Py_BEGIN_ALLOW_THREADS /* it may wait for the pool's lock */
-    task = bulk_start(dirfd, p->files, (size_t)n, (size_t)limit, (size_t)min_size,
-                      (size_t)avg_size, (size_t)max_size, threads);
-    Py_END_ALLOW_THREADS
-    p->task = task;
+    /* With the GIL held: the pool's threads never take it, so waiting here for the pool's
+     * lock (held by them for a few instructions at a time) cannot deadlock, and releasing
+     * the GIL for those microseconds would cost, beside a busy Python thread, up to its
+     * switch interval (5 ms) to take it back, for each directory of the walk. */
+    p->task = bulk_start(dirfd, p->files, (size_t)n, (size_t)limit, (size_t)min_size,
+                         (size_t)avg_size, (size_t)max_size, threads);
     if (p->task == NULL) {
         int err = errno ? errno : ENOMEM;
         pending_free(p);
@@ -172,9 +172,10 @@ static PyObject *native_read_start(PyObject *self, PyObject *args)
 
 PyDoc_STRVAR(read_finish_doc,
 "read_finish(batch, /) -> list\n--\n\n"
-"Waits (GIL released) for a batch of read_start() and returns one result per name: None\n"
-"when the file is not plain (not a regular file of one link and at most limit bytes,\n"
-"holes, changed while read, any error: the caller's general path decides) or\n"
+"Waits (GIL released, unless it is done already) for a batch of read_start() and\n"
+"returns one result per name: None when the file is not plain (not a regular file of\n"
+"one link and at most limit bytes, holes, changed while read, any error: the caller's\n"
+"general path decides) or\n"
 "(stat, data, ends, ids, xattr_fd): the 19 fields of os.stat_result after the read, the\n"
 "bytes, the chunks' exclusive ends (the streaming chunker's boundaries), their BLAKE3-256\n"
 "ids concatenated (32 bytes each), and the file's descriptor if it may have xattrs (the\n"
@@ -192,9 +193,13 @@ static PyObject *native_read_finish(PyObject *self, PyObject *capsule)
         return NULL;
     }
     struct bulk_task *task = p->task;
-    Py_BEGIN_ALLOW_THREADS
-    bulk_finish(task);
-    Py_END_ALLOW_THREADS
+    if (bulk_done(task)) {
+        bulk_finish(task); /* nothing to wait for: the GIL is kept (see read_start) */
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        bulk_finish(task);
+        Py_END_ALLOW_THREADS
+    }
     p->task = NULL;
     PyObject *out = PyList_New(p->n);
     for (Py_ssize_t i = 0; out != NULL && i < p->n; i++) {

@@ -26,14 +26,9 @@
 
 #define ROW_SIZE 34u /* 2 + 8 + 8 + 8 + 8 */
 
-struct name {
-    char *s;
-    size_t len;
-};
-
 static int cmp_names(const void *pa, const void *pb)
 {
-    const struct name *a = pa, *b = pb;
+    const struct dirscan_name *a = pa, *b = pb;
     size_t n = a->len < b->len ? a->len : b->len;
     int c = memcmp(a->s, b->s, n);
     if (c != 0) {
@@ -78,54 +73,85 @@ static int64_t ns_of(struct timespec ts)
     return (int64_t)ts.tv_sec * 1000000000 + (int64_t)ts.tv_nsec;
 }
 
-int dirscan(int dirfd, int64_t now_ns, int64_t racy_ns, uint64_t root_dev, struct dirscan *out)
+int dirscan_open(int dirfd, struct dirscan_list *l)
 {
-    memset(out, 0, sizeof *out);
+    memset(l, 0, sizeof *l);
     /* A fresh open file description: the caller's fd offset is left alone. */
     int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) {
         return -errno;
     }
-    DIR *d = fdopendir(fd);
-    if (d == NULL) {
+    l->dir = fdopendir(fd);
+    if (l->dir == NULL) {
         int e = errno;
         close(fd);
         return -e;
     }
-    struct name *names = NULL;
-    size_t count = 0, cap = 0;
-    int rc = 0;
+    return 0;
+}
+
+int dirscan_read(struct dirscan_list *l, size_t upto)
+{
+    DIR *d = l->dir;
     struct dirent *de;
-    errno = 0;
-    while ((de = readdir(d)) != NULL) {
+    while (!l->eof && l->count < upto) {
+        errno = 0;
+        de = readdir(d);
+        if (de == NULL) {
+            if (errno != 0) {
+                return -errno;
+            }
+            l->eof = 1;
+            break;
+        }
         const char *s = de->d_name;
         if (s[0] == '.' && (s[1] == '\0' || (s[1] == '.' && s[2] == '\0'))) {
             continue;
         }
-        if (count == cap) {
-            size_t ncap = cap ? cap * 2u : 64u;
-            struct name *p = realloc(names, ncap * sizeof *names);
+        if (l->count == l->cap) {
+            size_t ncap = l->cap ? l->cap * 2u : 64u;
+            struct dirscan_name *p = realloc(l->names, ncap * sizeof *l->names);
             if (p == NULL) {
-                rc = -ENOMEM;
-                goto done;
+                return -ENOMEM;
             }
-            names = p;
-            cap = ncap;
+            l->names = p;
+            l->cap = ncap;
         }
         size_t len = strlen(s);
-        names[count].s = malloc(len + 1u);
-        if (names[count].s == NULL) {
-            rc = -ENOMEM;
-            goto done;
+        char *copy = malloc(len + 1u);
+        if (copy == NULL) {
+            return -ENOMEM;
         }
-        memcpy(names[count].s, s, len + 1u);
-        names[count].len = len;
-        count++;
+        memcpy(copy, s, len + 1u);
+        l->names[l->count].s = copy;
+        l->names[l->count].len = len;
+        l->count++;
     }
-    if (errno != 0) {
-        rc = -errno;
-        goto done;
+    return 0;
+}
+
+void dirscan_list_free(struct dirscan_list *l)
+{
+    for (size_t i = 0; i < l->count; i++) {
+        free(l->names[i].s);
     }
+    free(l->names);
+    if (l->dir != NULL) {
+        closedir(l->dir);
+    }
+    memset(l, 0, sizeof *l);
+}
+
+int dirscan_stat(int dirfd, struct dirscan_list *l, int64_t now_ns, int64_t racy_ns,
+                 uint64_t root_dev, struct dirscan *out)
+{
+    memset(out, 0, sizeof *out);
+    int rc = dirscan_read(l, SIZE_MAX);
+    if (rc != 0) {
+        return rc;
+    }
+    struct dirscan_name *names = l->names;
+    size_t count = l->count;
     if (count > 1) {
         qsort(names, count, sizeof *names, cmp_names);
     }
@@ -137,8 +163,7 @@ int dirscan(int dirfd, int64_t now_ns, int64_t racy_ns, uint64_t root_dev, struc
             if (errno == ENOENT) {
                 continue; /* vanished since the listing, as in the Python walk */
             }
-            rc = -errno;
-            goto done;
+            return -errno;
         }
         mode_t m = st.st_mode;
         if (S_ISSOCK(m) || (S_ISDIR(m) && (uint64_t)st.st_dev != root_dev) ||
@@ -147,8 +172,7 @@ int dirscan(int dirfd, int64_t now_ns, int64_t racy_ns, uint64_t root_dev, struc
             continue;
         }
         if (names[i].len > 0xffffu) {
-            rc = -ENAMETOOLONG;
-            goto done;
+            return -ENAMETOOLONG;
         }
         int64_t mtime = ns_of(st.st_mtim), ctime = ns_of(st.st_ctim);
         int racy = mtime >= limit || ctime >= limit;
@@ -159,7 +183,7 @@ int dirscan(int dirfd, int64_t now_ns, int64_t racy_ns, uint64_t root_dev, struc
         }
         rc = reserve(&out->blob, &blob_cap, out->blob_len + ROW_SIZE + names[i].len);
         if (rc != 0) {
-            goto done;
+            return rc;
         }
         uint8_t *p = out->blob + out->blob_len;
         put_u16(p, (uint16_t)names[i].len);
@@ -172,7 +196,7 @@ int dirscan(int dirfd, int64_t now_ns, int64_t racy_ns, uint64_t root_dev, struc
         if (S_ISDIR(m)) {
             rc = reserve(&out->subdirs, &sub_cap, out->subdirs_len + 2u + names[i].len);
             if (rc != 0) {
-                goto done;
+                return rc;
             }
             put_u16(out->subdirs + out->subdirs_len, (uint16_t)names[i].len);
             memcpy(out->subdirs + out->subdirs_len + 2, names[i].s, names[i].len);
@@ -186,11 +210,18 @@ int dirscan(int dirfd, int64_t now_ns, int64_t racy_ns, uint64_t root_dev, struc
             out->specials++;
         }
     }
-done:
-    for (size_t i = 0; i < count; i++) {
-        free(names[i].s);
+    return 0;
+}
+
+int dirscan(int dirfd, int64_t now_ns, int64_t racy_ns, uint64_t root_dev, struct dirscan *out)
+{
+    struct dirscan_list l;
+    int rc = dirscan_open(dirfd, &l);
+    if (rc != 0) {
+        memset(out, 0, sizeof *out);
+        return rc;
     }
-    free(names);
-    closedir(d);
+    rc = dirscan_stat(dirfd, &l, now_ns, racy_ns, root_dev, out);
+    dirscan_list_free(&l);
     return rc;
 }

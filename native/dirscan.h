@@ -6,6 +6,7 @@
 #ifndef SPRITE_DIRSCAN_H
 #define SPRITE_DIRSCAN_H
 
+#include <dirent.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,5 +24,29 @@ struct dirscan {
  * are poisoned exactly as dircache.sig_of does. Returns 0, or -errno. The caller frees
  * out->blob and out->subdirs with free() (also after an error). */
 int dirscan(int dirfd, int64_t now_ns, int64_t racy_ns, uint64_t root_dev, struct dirscan *out);
+
+/* dirscan() in steps, so that a binding can list a directory before it decides whether
+ * the rest is worth releasing the GIL for (see native_scan_dir in _native.c). */
+struct dirscan_name {
+    char *s;
+    size_t len;
+};
+
+struct dirscan_list {
+    struct dirscan_name *names; /* in listing order until dirscan_stat() sorts them */
+    size_t count, cap;
+    int eof; /* every name is in */
+    DIR *dir;
+};
+
+/* Opens the directory at dirfd for listing (a description of its own). Returns 0 or
+ * -errno; after 0 the caller frees with dirscan_list_free(). */
+int dirscan_open(int dirfd, struct dirscan_list *l);
+/* Lists names until the end or until at least `upto` are in. Returns 0 or -errno. */
+int dirscan_read(struct dirscan_list *l, size_t upto);
+/* Lists the rest, sorts, stats every child and fills *out as dirscan() does. */
+int dirscan_stat(int dirfd, struct dirscan_list *l, int64_t now_ns, int64_t racy_ns,
+                 uint64_t root_dev, struct dirscan *out);
+void dirscan_list_free(struct dirscan_list *l);
 
 #endif

@@ -64,7 +64,8 @@ def page_sums_diff(a: Buffer, b: Buffer, /) -> list[int]:
 def scan_dir(
     fd: int, now_ns: int, racy_ns: int, root_dev: int, /
 ) -> tuple[bytes, list[bytes], int, int, int, int, bool]:
-    """Lists and stats the children of the directory open at ``fd`` (GIL released).
+    """Lists and stats the children of the directory open at ``fd`` (GIL released past
+    256 entries: below, taking it back would cost more than the scan).
 
     Returns the signature blob (``dircache.encode_sigs`` format), the subdirectory names,
     the counts of files, their bytes, symlinks and other entries, and whether a socket, a
@@ -169,8 +170,9 @@ def read_start(
     /,
 ) -> object:
     """Starts reading, chunking and hashing the files ``names`` of the directory open at
-    ``dirfd`` (the batch duplicates it) on up to ``threads`` threads of a pool, without
-    the GIL, and returns the batch at once, for :func:`read_finish` (bulkread.c).
+    ``dirfd`` (the batch duplicates it) on up to ``threads`` threads of a pool, which
+    never take the GIL, and returns the batch at once, for :func:`read_finish`
+    (bulkread.c). The caller keeps the GIL meanwhile.
 
     Raises:
         ValueError: bad chunking parameters, or a name that is not bytes without NUL.
@@ -180,12 +182,12 @@ def read_start(
 def read_finish(
     batch: object, /
 ) -> list[tuple[tuple[int, ...], bytes, list[int], bytes, int] | None]:
-    """Waits (GIL released) for a batch of :func:`read_start`. Per file: None when it is
-    not plain (not a regular file of one link and at most ``limit`` bytes, holes, changed
-    while read, any error), else the 19 fields of its ``os.stat_result`` after the read,
-    its bytes, the chunks' exclusive ends, their BLAKE3-256 ids (32 bytes each,
-    concatenated), and its descriptor if it may have xattrs (the caller reads and closes
-    it), else -1.
+    """Waits (GIL released, unless it is done already) for a batch of :func:`read_start`.
+    Per file: None when it is not plain (not a regular file of one link and at most
+    ``limit`` bytes, holes, changed while read, any error), else the 19 fields of its
+    ``os.stat_result`` after the read, its bytes, the chunks' exclusive ends, their
+    BLAKE3-256 ids (32 bytes each, concatenated), and its descriptor if it may have xattrs
+    (the caller reads and closes it), else -1.
 
     Raises:
         ValueError: the batch was finished already.

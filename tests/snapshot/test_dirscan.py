@@ -98,3 +98,31 @@ def test_captures_agree_with_and_without_the_native_scan(
             assert e.create().top_tree == second.top_tree
             tops.append(first.top_tree)
     assert tops[0] == tops[1]
+
+
+@pytest.mark.parametrize("entries", [256, 257, 700])
+def test_small_and_large_directories_alike(tmp_path: os.PathLike[str], entries: int) -> None:
+    """Up to 256 entries the scan keeps the GIL and lists once; past that it lists the rest
+    and stats without it: both give the blob and subdirectories of the Python walk."""
+    root = os.fsencode(tmp_path)
+    for i in range(entries):
+        p = os.path.join(root, b"e%04d" % ((i * 7919) % 10_000))  # not listed in name order
+        if i % 5 == 0:
+            os.mkdir(p)
+        else:
+            with open(p, "wb") as f:
+                f.write(b"x" * i)
+    now = 2**62  # nothing is racy
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        blob, subdirs, files, nbytes, *_rest, irregular = native.scan_dir(
+            fd, now, 0, os.fstat(fd).st_dev
+        )
+        assert os.lseek(fd, 0, os.SEEK_CUR) == 0  # the caller's offset is left alone
+    finally:
+        os.close(fd)
+    assert not irregular
+    assert blob == _python_blob(root, now)
+    assert subdirs == sorted(n for n in os.listdir(root) if os.path.isdir(os.path.join(root, n)))
+    assert files == entries - len(subdirs)
+    assert nbytes == sum(i for i in range(entries) if i % 5)
