@@ -126,11 +126,19 @@ def test_capture_after_restore_reads_nothing_new(engine: Engine, root: str) -> N
 
 
 def test_real_tree_round_trips(engine: Engine, root: str, tmp_path: os.PathLike[str]) -> None:
-    """The Python standard library and this venv's packages: files nobody here wrote."""
+    """The Python standard library and this venv's packages: files nobody here wrote.
+
+    Without the interpreter's own site-packages and its test suite: on this machine they
+    are 685 MB and 123 MB of the stdlib directory's 941 MB (73 s of this test at load 8)
+    and add nothing the 7k other files and the venv's packages do not have."""
     stdlib = sysconfig.get_paths()["stdlib"]
     site = sysconfig.get_paths()["purelib"]
-    for src, name in ((stdlib, "stdlib"), (site, "site-packages")):
-        subprocess.run(["cp", "-a", src, os.path.join(root, name)], check=True)
+    subprocess.run(
+        ["rsync", "-aHAX", "--exclude=/site-packages", "--exclude=/test", f"{stdlib}/"]
+        + [os.path.join(root, "stdlib")],
+        check=True,
+    )
+    subprocess.run(["cp", "-a", site, os.path.join(root, "site-packages")], check=True)
     before = trees.snapshot_tree(root)
     v0 = engine.create("real")
     assert v0.files > 1000
