@@ -77,8 +77,11 @@ def test_catalog_byte_flips_are_detected_or_harmless(tmp_path: os.PathLike[str])
     pristine = _dump(db)
     size = os.path.getsize(db)
     work = os.path.join(tmp, "work")
-    outcomes = {"harmless": 0, "detected": 0}
-    for n, offset in enumerate(range(0, size, 211)):
+    outcomes = {"harmless": 0, "detected": 0, "refused": 0}
+    # Through the real CLI too (exit 0, or 3 with a message, never a traceback): the first
+    # 4 flips of each outcome, not every 8th (38 processes, about half the test's 70 s).
+    through_cli = dict.fromkeys(outcomes, 0)
+    for offset in range(0, size, 211):
         shutil.rmtree(work, ignore_errors=True)
         shutil.copytree(store, work)
         _flip(os.path.join(work, "catalog.db"), offset)
@@ -88,19 +91,22 @@ def test_catalog_byte_flips_are_detected_or_harmless(tmp_path: os.PathLike[str])
         except StoreError as e:  # what the CLI prints, exit 3
             message = str(e)
             assert message, offset
-            outcomes["detected"] += 1
-            continue
-        if v.ok:
-            assert _dump(os.path.join(work, "catalog.db")) == pristine, f"silent at {offset}"
-            outcomes["harmless"] += 1
+            outcome, ok = "refused", False
         else:
-            assert v.errors, offset
-            outcomes["detected"] += 1
-        if n % 8 == 0:  # and through the real CLI: exit 0 or 3, never a traceback
+            if v.ok:
+                assert _dump(os.path.join(work, "catalog.db")) == pristine, f"silent at {offset}"
+                outcome, ok = "harmless", True
+            else:
+                assert v.errors, offset
+                outcome, ok = "detected", False
+        outcomes[outcome] += 1
+        if through_cli[outcome] < 4:
+            through_cli[outcome] += 1
             p = run_cli("store", "check", "--read-data", "--store", work)
             assert "Traceback" not in p.stderr, (offset, p.stderr)
-            assert p.returncode == (0 if v.ok else 3), (offset, p.stderr)
-    assert outcomes["detected"] >= 10, outcomes  # the flips did reach live rows
+            assert p.returncode == (0 if ok else 3), (offset, p.stderr)
+    # the flips did reach live rows
+    assert outcomes["detected"] + outcomes["refused"] >= 10, outcomes
 
 
 def test_files_cache_row_that_fails_its_checksum_is_dropped_and_reread(
