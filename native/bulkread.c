@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/xattr.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fastcdc.h"
@@ -261,6 +262,22 @@ static void grow_pool(unsigned want)
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
+/* A condition whose timed waits (bulk_wait) count on the monotonic clock. */
+static int init_monotonic(pthread_cond_t *c)
+{
+    pthread_condattr_t attr;
+    int rc = pthread_condattr_init(&attr);
+    if (rc != 0) {
+        return rc;
+    }
+    rc = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    if (rc == 0) {
+        rc = pthread_cond_init(c, &attr);
+    }
+    pthread_condattr_destroy(&attr);
+    return rc;
+}
+
 struct bulk_task *bulk_start(int dirfd, struct bulk_file *files, size_t n, size_t limit,
                              size_t min_size, size_t avg_size, size_t max_size,
                              unsigned threads)
@@ -278,7 +295,7 @@ struct bulk_task *bulk_start(int dirfd, struct bulk_file *files, size_t n, size_
                             .avg_size = avg_size,
                             .max_size = max_size,
                             .max_helpers = threads > 0 ? threads : 1};
-    if (t->dirfd < 0 || pthread_cond_init(&t->finished, NULL) != 0) {
+    if (t->dirfd < 0 || init_monotonic(&t->finished) != 0) {
         if (t->dirfd >= 0) {
             close(t->dirfd);
         }
@@ -332,9 +349,22 @@ void bulk_finish(struct bulk_task *t)
     free(t);
 }
 
-bool bulk_done(struct bulk_task *t)
+bool bulk_wait(struct bulk_task *t, long timeout_ns)
 {
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += timeout_ns / 1000000000L;
+    until.tv_nsec += timeout_ns % 1000000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
     pthread_mutex_lock(&pool.lock);
+    while (timeout_ns > 0 && t->done < t->n) {
+        if (pthread_cond_timedwait(&t->finished, &pool.lock, &until) == ETIMEDOUT) {
+            break;
+        }
+    }
     bool done = t->done == t->n;
     pthread_mutex_unlock(&pool.lock);
     return done;

@@ -61,8 +61,9 @@ struct bulk_task *bulk_start(int dirfd, struct bulk_file *files, size_t n, size_
 /* Waits until every file of the task is done and frees the task (not the files). */
 void bulk_finish(struct bulk_task *t);
 
-/* True if every file of the task is done: bulk_finish() would not wait. */
-bool bulk_done(struct bulk_task *t);
+/* Waits up to timeout_ns (0: not at all) for every file of the task to be done; true if
+ * they are (bulk_finish() would not wait). */
+bool bulk_wait(struct bulk_task *t, long timeout_ns);
 
 /* Frees a file's outputs (not xattr_fd) and clears them. */
 void bulk_file_free(struct bulk_file *f);

@@ -184,6 +184,46 @@ def test_the_batch_reads_only_plain_files(tmp_path: os.PathLike[str]) -> None:
             assert xattr_fd == -1
 
 
+def test_read_finish_done_at_once_or_waited_for(tmp_path: os.PathLike[str]) -> None:
+    """A batch done before read_finish is collected with the GIL kept; one still being read
+    after the short hold lets other threads run while it waits. Both give the reads."""
+    d = os.fsencode(tmp_path)
+    rng = random.Random(5)
+    bodies = {b"f%02d" % i: rng.randbytes(LIMIT - i) for i in range(64)}
+    for name, body in bodies.items():
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(body)
+    ticks = 0
+    stop = threading.Event()
+
+    def tick() -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    t = threading.Thread(target=tick)
+    t.start()
+    try:
+        small = native.read_start(fd, [b"f00"], LIMIT, *CDC, 1)
+        time.sleep(0.2)  # done long before it is collected
+        (r,) = native.read_finish(small)
+        assert r is not None
+        assert r[1] == bodies[b"f00"]
+        with pytest.raises(ValueError, match="already finished"):
+            native.read_finish(small)
+        # 64 MiB to read, cut and hash on 2 threads: far longer than read_finish's hold
+        big = native.read_start(fd, list(bodies), LIMIT, *CDC, 2)
+        before = ticks
+        reads = native.read_finish(big)
+        assert ticks > before  # the GIL was let go while the batch was read
+    finally:
+        stop.set()
+        t.join()
+        os.close(fd)
+    assert [r[1] if r is not None else None for r in reads] == list(bodies.values())
+
+
 def test_a_file_changing_while_read_is_never_torn(tmp_path: os.PathLike[str]) -> None:
     """A writer rewrites a file in place between two versions (truncate, write) every 5 ms;
     every reading the batch returns is one whole version (the empty file between the two
