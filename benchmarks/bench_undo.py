@@ -17,9 +17,10 @@ checkpoint c0 (untimed); then, round after round, the two alternate (before, aft
 ``POST /v1/checkpoints/c0/restore`` on a ``--root`` layer: the check (``check_restore``:
 a journal-driven capture that stores the step, and the plan: room, data verified) and the
 restore (``restore``: the undo checkpoint, journal-driven, then the writes; what a daemon
-holds its services down for). Untimed after each round: the restored layer compared entry
-by entry with the layer as it was at c0 (``_tree``), and the undo checkpoint deleted, so
-the next round stores the step anew.
+holds its services down for), then, timed apart, the wait for the inodes the restore
+removed to be freed (``snapshot/frees.py``: in the background, the services up). Untimed
+after each round: the restored layer compared entry by entry with the layer as it was at
+c0 (``_tree``), and the undo checkpoint deleted, so the next round stores the step anew.
 
 ``--py-spy``: every timed round of both workers is recorded by ``py-spy record --threads``
 into ``WORK/spy-<version>-<round>.txt`` (raw), and the busiest functions of each one's last
@@ -111,6 +112,13 @@ def one_round(e: Any, c0: str, spy: str | None) -> dict[str, Any]:
     t1 = time.perf_counter()
     rep = e.restore(c0, progress=progress)
     t2 = time.perf_counter()
+    try:  # the inodes the restore removed, freed after it (snapshot/frees.py), timed apart
+        from sprite_env.snapshot.frees import wait_released
+    except ImportError:
+        pass
+    else:
+        wait_released()
+    t3 = time.perf_counter()
     if rec is not None:
         rec.send_signal(signal.SIGINT)
         rec.wait()
@@ -120,6 +128,7 @@ def one_round(e: Any, c0: str, spy: str | None) -> dict[str, Any]:
         "check_s": t1 - t0,
         "restore_s": t2 - t1,
         "total_s": t2 - t0,
+        "freed_after_s": t3 - t2,
         "phases": {k: [a - t0, b - t0] for k, (a, b) in phases.items()},
         "stats": rep.to_json(),
         "undo_walk": [undo.walk, undo.walk_reason],
@@ -243,7 +252,8 @@ def main() -> int:
                 results["rounds"].setdefault(w.name, []).append(got)
                 print(
                     f"round {r} {w.name}: check {got['check_s']:.2f} s, restore (down) "
-                    f"{got['restore_s']:.2f} s, total {got['total_s']:.2f} s; undo walk "
+                    f"{got['restore_s']:.2f} s, total {got['total_s']:.2f} s, then frees "
+                    f"{got['freed_after_s']:.2f} s; undo walk "
                     f"{got['undo_walk'][0]} {verdict(got.get('verify'))}",
                     flush=True,
                 )
@@ -255,9 +265,12 @@ def main() -> int:
         ("check (before anything stops)", "check_s", None),
         ("restore: undo checkpoint + writes (down)", "restore_s", GOAL_DOWN),
         ("undo of one step, total", "total_s", GOAL_UNDO),
+        ("then: the removed inodes freed (services up)", "freed_after_s", None),
     ):
-        med = {n: statistics.median(x[key] for x in rs) for n, rs in results["rounds"].items()}
-        ratio = f"{med['after'] / med['before']:.2f}x"
+        med = {
+            n: statistics.median(x.get(key, 0.0) for x in rs) for n, rs in results["rounds"].items()
+        }
+        ratio = f"{med['after'] / med['before']:.2f}x" if med["before"] else ""
         rows.append([what, f"{med['before']:.2f}", f"{med['after']:.2f}", ratio,
                      f"<= {goal}" if goal else ""])  # fmt: skip
     v = results["versions"]

@@ -42,6 +42,7 @@ from sprite_env.overlay.merge import MergedTrees
 from sprite_env.snapshot import dircache, pagesums, plan, preflight
 from sprite_env.snapshot.capture import CaptureResult, CaptureStats, Excludes, capture
 from sprite_env.snapshot.diff import Change, Counted, Difference, TreeMemo, count_changes
+from sprite_env.snapshot.frees import Frees, wait_released
 from sprite_env.snapshot.patch import Prefetched
 from sprite_env.snapshot.paths import (
     InvalidPath,
@@ -303,6 +304,7 @@ class Engine:
             raise
 
     def close(self) -> None:
+        wait_released()  # a restore's frees still running (see _restore_to)
         self.store.close()
 
     def _bind_cache_to_root(self) -> None:
@@ -764,38 +766,42 @@ class Engine:
     ) -> RestoreResult:
         """Runs the restore and commits it. ``paths``: a restore of those paths only (the
         layer is then on no checkpoint it was not on before, so the active one stays)."""
-        try:
-            res = restore(
-                self.root,
-                read_tree,
-                self.store.read,
-                live_top,
-                target_top,
-                excludes=self.excludes,
-                progress=(lambda s: progress("restore", s)) if progress else None,
-                trees=self._trees,
-                prefetched=self._kept,
-            )
-        except (SpriteError, OSError) as e:
-            # The layer is partly restored. Keep the intent (so nothing forgets it) but mark
-            # it failed: it is reported and not retried blindly at the next start.
-            self._fail_intent(e)
-            raise RestoreFailed(target_id, undo, e, paths) from e
-        crashpoint("restore-before-commit")
-        with self.store.catalog.transaction() as db:
-            # Every removed directory's own row, then each removed subtree's rows below it
-            # once: one scan of the table per top (not per nested directory: 175 ms of the
-            # typical undo's downtime went to scanning 17k rows 40 times).
-            tops = minimal([tuple(p.split(b"/")) for p in res.cache_removed])
-            dircache.save(
-                db,
-                res.cache_changed,
-                res.cache_removed,
-                removed_trees=[b"/".join(p) for p in tops],
-            )
-            if not paths:
-                registry.set_meta(db, "active", target_id)
-            registry.set_meta(db, "restore_intent", None)
+        # The inodes the restore removes are freed once it is committed, in the background
+        # (snapshot/frees.py: their evictions were most of an undo's removals).
+        with Frees() as frees:
+            try:
+                res = restore(
+                    self.root,
+                    read_tree,
+                    self.store.read,
+                    live_top,
+                    target_top,
+                    excludes=self.excludes,
+                    progress=(lambda s: progress("restore", s)) if progress else None,
+                    trees=self._trees,
+                    prefetched=self._kept,
+                    frees=frees,
+                )
+            except (SpriteError, OSError) as e:
+                # The layer is partly restored. Keep the intent (so nothing forgets it) but mark
+                # it failed: it is reported and not retried blindly at the next start.
+                self._fail_intent(e)
+                raise RestoreFailed(target_id, undo, e, paths) from e
+            crashpoint("restore-before-commit")
+            with self.store.catalog.transaction() as db:
+                # Every removed directory's own row, then each removed subtree's rows below it
+                # once: one scan of the table per top (not per nested directory: 175 ms of the
+                # typical undo's downtime went to scanning 17k rows 40 times).
+                tops = minimal([tuple(p.split(b"/")) for p in res.cache_removed])
+                dircache.save(
+                    db,
+                    res.cache_changed,
+                    res.cache_removed,
+                    removed_trees=[b"/".join(p) for p in tops],
+                )
+                if not paths:
+                    registry.set_meta(db, "active", target_id)
+                registry.set_meta(db, "restore_intent", None)
         return res
 
     def pending_restore(self) -> dict[str, Any] | None:
