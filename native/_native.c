@@ -21,6 +21,7 @@
 int filewrite_add_functions(PyObject *module);  /* filewrite_py.c */
 int treesplice_add_functions(PyObject *module); /* treesplice_py.c */
 int bulkread_add_functions(PyObject *module);   /* bulkread_py.c */
+int treescan_add_functions(PyObject *module);   /* treescan_py.c */
 
 /* Directories of at most this many entries are scanned with the GIL held (scan_dir). */
 #define SCAN_DIR_KEEP_GIL 256u
@@ -707,6 +708,9 @@ static int native_exec(PyObject *module)
     }
     if (rc == 0) {
         rc = bulkread_add_functions(module); /* bulkread_py.c */
+    }
+    if (rc == 0) {
+        rc = treescan_add_functions(module); /* treescan_py.c */
     }
     return rc;
 }

@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 /* The files cache's signature blobs by directory path, as borrowed pointers: the caller keeps
  * the bytes alive and unchanged until treescan_cache_free(). */
@@ -29,7 +30,15 @@ struct treescan_params {
     const size_t *pattern_lens;
     size_t n_patterns;
     const struct treescan_cache *cache;
-    int threads; /* walkers; at least 1 */
+    int threads;      /* walkers; at least 1 */
+    int keep_listing; /* keep every directory's children with their stat (kids below) */
+};
+
+/* A child of a listed directory: its name (kid_names + name_off, name_len bytes, NUL after)
+ * and its lstat. */
+struct treescan_kid {
+    size_t name_off, name_len;
+    struct stat st;
 };
 
 struct treescan_dir {
@@ -40,6 +49,14 @@ struct treescan_dir {
     uint64_t files, dirs, symlinks, specials, bytes;
     int dirty; /* this directory's listing differs from its row, or cannot be vouched for */
     int clean; /* neither it nor anything below is dirty (set by treescan()) */
+    /* With keep_listing: every child that was there to stat, sorted by name (excluded
+     * ones, sockets, mount points and hard links too: the caller applies its own rules).
+     * listed is 0 when the directory could not be listed or a child could not be stat'ed
+     * for a reason other than vanishing: the caller lists it itself and meets the error. */
+    int listed;
+    struct treescan_kid *kids;
+    size_t n_kids;
+    char *kid_names;
     /* internal */
     const char *name; /* within path */
     int fd;

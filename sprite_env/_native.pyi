@@ -1,5 +1,6 @@
 """Typed stub of the C extension ``sprite_env._native`` (see native/_native.c)."""
 
+import os
 from collections.abc import Sequence
 from typing import Final
 
@@ -103,6 +104,25 @@ def scan_tree(
         TypeError: rows not bytes to bytes, a pattern not bytes.
     """
 
+def scan_listing(
+    fd: int,
+    root_dev: int,
+    exclude_inodes: Sequence[tuple[int, int]],
+    patterns: Sequence[bytes],
+    threads: int,
+    /,
+) -> dict[bytes, list[tuple[bytes, os.stat_result]]]:
+    """Walks the whole tree below ``fd`` as :func:`scan_tree` does (the same subtrees left
+    out), GIL released, and returns every directory's children with their lstat, sorted by
+    name, by path (``b""`` the root). Excluded children, sockets and mount points are in
+    it; a directory that could not be listed, or with a child that could not be stat'ed
+    (other than vanished), is not.
+
+    Raises:
+        OSError: the root could not be read.
+        TypeError: a pattern not bytes.
+    """
+
 def sig_diff(new_blob: Buffer, old_blob: Buffer, /) -> tuple[list[bytes], list[bytes]]:
     """The names of ``new_blob`` whose signature row differs from ``old_blob``'s (or is
     poisoned, or new), and the names only in ``old_blob``; both sorted (treesplice.c).
@@ -157,6 +177,16 @@ def tree_find(tree: Buffer, name: Buffer, /) -> bytes | None:
 
     Raises:
         ValueError: a malformed tree.
+    """
+
+def lstat_names(dirfd: int, names: list[bytes], /) -> list[tuple[int, ...] | None]:
+    """The 19 ``os.stat_result`` fields of each of ``names`` in the directory open at
+    ``dirfd`` (symlinks not followed), None for a name that does not exist; the GIL is kept
+    for up to 256 names.
+
+    Raises:
+        OSError: any other error (with the name).
+        ValueError: a name with a NUL byte.
     """
 
 def read_start(

@@ -17,6 +17,12 @@ unopened. Unchanged, the medium bench layer (110k files, 17k directories) costs 
 ``find`` of it this way warm (2.1-2.3 without) and half of one cold
 (``benchmarks/bench_walk.py``).
 
+A first capture (no rows at all: a fresh layer, or after a reset) starts with the same
+native walk keeping every directory's listing (``scan_listing``), which the walk below takes
+instead of listing and stat'ing each directory again (``Capturer._list_tree``). Knowing the
+whole tree up front, it also reads ahead of itself: the small files of the next directories
+in walk order (``_ReadAhead``), and every big file from the start (``Capturer._start_big``).
+
 A changed regular file is read once through the chunker; each chunk is hashed here and
 compressed on the store writer's worker threads (both release the GIL). All-zero chunks
 become holes. A file whose size, mtime or ctime moves while it is read is read again (up
@@ -108,6 +114,14 @@ except ImportError:  # the pure-Python walk does the same, slower
     _scan_dir = None  # type: ignore[assignment]
     _scan_tree = None  # type: ignore[assignment]
 
+#: A directory's children as a native walk listed them: (name, lstat), sorted by name.
+_Listing = list[tuple[bytes, os.stat_result]]
+_scan_listing: Callable[[int, int, list[tuple[int, int]], list[bytes], int], dict[bytes, _Listing]]
+try:
+    from sprite_env._native import scan_listing as _scan_listing
+except ImportError:  # every directory listed by scandir
+    _scan_listing = None  # type: ignore[assignment]
+
 _sig_diff: Callable[[bytes, bytes], tuple[list[bytes], list[bytes]]] | None
 _tree_splice: Callable[[bytes, bytes, list[bytes]], bytes] | None
 _tree_find: Callable[[bytes, bytes], bytes | None] | None
@@ -139,6 +153,8 @@ WALKERS = 8
 #: Threads reading files: reads, chunking and hashing release the GIL, and several reads
 #: in flight keep a virtual disk's queue full.
 READERS = 3
+#: Threads reading a first capture's big files from its start (``Capturer._start_big``).
+BIG_READERS = 2
 #: Files at least this big, changed in place (same inode), are compared with their
 #: previous version page by page instead of being chunked afresh.
 IN_PLACE_MIN = 1 << 20
@@ -398,7 +414,7 @@ class _Batches:
     walk, and before any wait). At most ``BULK_GROUPS`` groups are in flight: a directory
     of many files collects the oldest before it starts another (memory stays bounded)."""
 
-    __slots__ = ("collect", "dirfd", "group", "in_flight", "start")
+    __slots__ = ("collect", "dirfd", "group", "in_flight", "ready", "start")
 
     def __init__(
         self,
@@ -411,8 +427,33 @@ class _Batches:
         self.start = start
         self.collect = collect
         self.in_flight: list[_Group] = []
+        #: The files a read-ahead started before the walk came (``start_ahead``), by name.
+        self.ready: dict[bytes, _Slot] = {}
+
+    def start_ahead(self, items: list[tuple[bytes, bytes, os.stat_result]]) -> int:
+        """Starts reading ``items`` (rel, name, stat) before the walk reaches them, in at
+        most ``BULK_GROUPS`` groups; returns the bytes started. ``add`` of one of them with
+        the same stat object (the walk takes the same listing) gives its slot."""
+        started = 0
+        i = 0
+        while i < len(items) and len(self.in_flight) < BULK_GROUPS:
+            g = _Group()
+            while i < len(items) and len(g.items) < BULK_FILES and g.nbytes < BULK_BYTES:
+                rel, name, st = items[i]
+                self.ready[name] = _Slot(self, g, len(g.items))
+                g.items.append(items[i])
+                g.nbytes += st.st_size
+                i += 1
+            g.batch = self.start(self.dirfd, [name for _, name, _ in g.items])
+            self.in_flight.append(g)
+            started += g.nbytes
+        return started
 
     def add(self, rel: bytes, name: bytes, st: os.stat_result) -> _Slot:
+        if self.ready:
+            slot = self.ready.pop(name, None)
+            if slot is not None and slot.group.items[slot.index][2] is st:
+                return slot
         g = self.group
         slot = _Slot(self, g, len(g.items))
         g.items.append((rel, name, st))
@@ -440,6 +481,135 @@ class _Batches:
             self.in_flight.remove(g)
             g.results = self.collect(self.dirfd, g, reads)
         return g.results
+
+
+#: A first capture reads the small files of the directories ahead of the walk (in its
+#: order) while it is elsewhere, up to this many directories or bytes ahead.
+AHEAD_DIRS = 64
+AHEAD_BYTES = 32 << 20
+
+
+@dataclass(slots=True)
+class _Ahead:
+    """A directory opened, and its small files' reads started, before the walk came."""
+
+    fd: int
+    batches: _Batches
+    nbytes: int
+    taken: bool = False  # the walk owns ``fd`` (``take_fd``)
+
+
+class _ReadAhead:
+    """Reads ahead of a first capture's walk (``Capturer._list_tree``'s listings).
+
+    The walk reaches a directory, starts its small files' reads and, a leaf, waits for them
+    at once: one directory's reads (about 6 files in the medium layer) were in flight at a
+    time, and the walk's thread waited for each. Knowing every listing from the start, this
+    opens the next directories in walk order (depth first, names sorted: the same rules as
+    the walk for what it enters) through their parent's descriptor while the parent is
+    open, and starts their small files' batches, ``AHEAD_DIRS`` directories or
+    ``AHEAD_BYTES`` ahead. The walk then takes the descriptor (``take_fd``) and the
+    batches (``batches``) instead of opening and starting its own; a file is taken only
+    with the very stat object it was started for, so the walk reads what it decides to read
+    exactly as before, and a directory it passes by is dropped unread.
+    """
+
+    def __init__(self, capturer: Capturer, listing: dict[bytes, _Listing], root_dev: int) -> None:
+        self.capturer = capturer
+        self.listing = listing  # shared: the walk pops what it enters
+        order: list[bytes] = []
+        stack = [b""]
+        excludes = capturer.excludes
+        while stack:
+            rel = stack.pop()
+            kids = listing.get(rel)
+            if kids is None:
+                continue  # listed by the walk itself, nothing below it read ahead
+            order.append(rel)
+            subs = []
+            for name, st in kids:
+                if stat.S_ISDIR(st.st_mode) and st.st_dev == root_dev:
+                    child = _join(rel, name)
+                    if not excludes.match(child, st):
+                        subs.append(child)
+            stack.extend(reversed(subs))
+        self.order = order
+        self.pos = {p: i for i, p in enumerate(order)}
+        self.cursor = 0
+        self.ahead: dict[bytes, _Ahead] = {}  # in walk order
+        self.nbytes = 0
+
+    def take_fd(self, rel: bytes) -> int | None:
+        a = self.ahead.get(rel)
+        if a is None or a.taken:
+            return None
+        a.taken = True
+        return a.fd
+
+    def batches(self, rel: bytes, fd: int) -> _Batches | None:
+        """The batches started ahead for ``rel``, the walk in it with ``fd``."""
+        a = self.ahead.pop(rel, None)
+        if a is None:
+            return None
+        self.nbytes -= a.nbytes
+        if not a.taken:
+            os.close(a.fd)
+            return None
+        return a.batches if a.fd == fd else None
+
+    def fill(self, rel: bytes) -> None:
+        """The walk is in ``rel``: drops what it passed by, starts what lies ahead."""
+        i = self.pos.get(rel)
+        if i is None:
+            return
+        while self.ahead:
+            first = next(iter(self.ahead))
+            if self.pos[first] > i:
+                break
+            self._drop(first)
+        self.cursor = max(self.cursor, i + 1)
+        while (
+            self.cursor < len(self.order)
+            and self.cursor - i <= AHEAD_DIRS
+            and self.nbytes < AHEAD_BYTES
+        ):
+            self._start(self.order[self.cursor])
+            self.cursor += 1
+
+    def _start(self, rel: bytes) -> None:
+        c = self.capturer
+        parent, _, name = rel.rpartition(b"/")
+        pfd = c._fds.get(parent)
+        if pfd is None:
+            up = self.ahead.get(parent)
+            if up is None:
+                return  # its parent is not open: the walk lists and reads it itself
+            pfd = up.fd
+        try:
+            fd = os.open(name, O_DIR, dir_fd=pfd)
+        except OSError:
+            return  # the walk meets whatever this is
+        items = []
+        excludes = c.excludes
+        for kid, st in self.listing.get(rel, ()):
+            if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_size < IN_PLACE_MIN:
+                child = _join(rel, kid)
+                if not excludes.match(child, st):  # an excluded file's bytes stay out
+                    items.append((child, kid, st))
+        batches = _Batches(fd, c._start_group, c._collect)
+        self.ahead[rel] = a = _Ahead(fd, batches, 0)  # closed by ``_drop`` if this raises
+        a.nbytes = batches.start_ahead(items) if items else 0
+        self.nbytes += a.nbytes
+
+    def _drop(self, rel: bytes) -> None:
+        a = self.ahead.pop(rel)
+        self.nbytes -= a.nbytes
+        if not a.taken:
+            os.close(a.fd)
+
+    def close(self) -> None:
+        while self.ahead:
+            self._drop(next(iter(self.ahead)))
 
 
 class _EarlyRead:
@@ -643,10 +813,16 @@ class Capturer:
         self.link_inos: set[int] = set()
         #: Big files changed in place whose reads began before the walk (``_start_early``),
         #: by path, until the walk reaches them; and the descriptors of their directories.
-        self._early: dict[bytes, tuple[Future[_Read], TreeEntry]] = {}
+        self._early: dict[bytes, tuple[Future[_Read], TreeEntry | None]] = {}
+        self._big: ThreadPoolExecutor | None = None  # a first capture's early reads
         self._early_fds: list[int] = []
         self.early_started = self.early_taken = 0  # (for tests and benchmarks)
         self._later: list[_Later] = []  # directories finished late (see ``_Done``)
+        #: A first capture's listings by directory, until the walk takes them (``_list_tree``),
+        #: the reads ahead of its walk, and the descriptors of the directories it is in.
+        self._listing: dict[bytes, _Listing] = {}
+        self._ahead: _ReadAhead | None = None
+        self._fds: dict[bytes, int] = {}
 
     # -- driver --------------------------------------------------------------------------
 
@@ -688,25 +864,29 @@ class Capturer:
         memo = WalkMemo(totals, frozenset(), frozenset(), root.st_ino)
         return WalkHint(marked, frozenset(), memo, scanned=True)
 
-    def _warm_metadata(self, fd: int, root: os.stat_result) -> None:
+    def _list_tree(self, fd: int, root: os.stat_result) -> None:
         """Before a walk with no rows at all (a first checkpoint, or after a reset): one
-        native walk of the whole tree on ``WALKERS`` threads, its result unused, so that
-        the walk's listings and stats below come from memory instead of one disk read at a
-        time. Cold, on the medium bench layer, the walk waited 8 s in ``getdents64`` and
-        2 s in ``stat`` for them; the native walk reads them in about 1 s (warm it costs
-        about 0.2 s, against the 10 s or more of reading the layer's files)."""
-        if _scan_tree is None or self.hint is not None or self.cache:
+        native walk of the whole tree on ``WALKERS`` threads (``scan_listing``) that lists
+        and stats every directory, kept in ``_listing`` for the walk below to take instead
+        of its own ``scandir`` and ``stat`` of every child. Cold, on the medium bench layer,
+        the walk waited 8 s in ``getdents64`` and 2 s in ``stat`` for them one at a time;
+        the native walk reads them in about 1 s. Warm, listing again from Python was still
+        a quarter of the walk's thread (a GIL round trip per child, issue 12).
+
+        A listing is older than a ``scandir`` at the walk would be, by seconds: what changes
+        meanwhile is captured as the walk finds it (a file read is signed by its stat after
+        the read, a vanished one left out, a new one missed) and the files cache's row is the
+        listing the walk used, so the next walk, comparing its own listing with that row,
+        walks that directory again. A directory the native walk could not list (or with a
+        child it could not stat) is absent and listed by ``scandir``, which meets the error.
+        """
+        if _scan_listing is None or self.hint is not None or self.cache:
             return
-        _scan_tree(
-            fd,
-            self.start_ns,
-            RACY_NS,
-            root.st_dev,
-            {},
-            list(self.excludes.inodes),
-            self.excludes.patterns,
-            WALKERS,
+        self._listing = _scan_listing(
+            fd, root.st_dev, list(self.excludes.inodes), self.excludes.patterns, WALKERS
         )
+        if _read_start is not None:
+            self._ahead = _ReadAhead(self, self._listing, root.st_dev)
 
     def _kept_subtrees(self) -> dict[bytes, Totals]:
         """The native walk's counts of every directory at or below a kept one."""
@@ -739,8 +919,9 @@ class Capturer:
                 self._set_hint(scanned)  # the scan read every row already
             else:
                 self._prefetch()
-                self._warm_metadata(fd, st)
+                self._list_tree(fd, st)
             self._start_early(fd)
+            self._start_big(fd)
             kept = self._reuse(b"")
             subtree = kept if kept is not None else self._dir(fd, b"")[0]
             top = TreeEntry(
@@ -755,12 +936,16 @@ class Capturer:
             )
         finally:
             self._readers.shutdown(wait=True, cancel_futures=True)
+            if self._big is not None:
+                self._big.shutdown(wait=True, cancel_futures=True)
             sys.setrecursionlimit(old_limit)
             os.close(fd)
             for dfd in self._early_fds:
                 os.close(dfd)
             for later in self._later:  # a capture that failed before it finished them
                 later.close()
+            if self._ahead is not None:
+                self._ahead.close()
         for rel in self._early:  # read early, then not taken by the walk: not this entry's
             self.page_sums_out.pop(rel, None)
         top_id = self.sink.put(encode_tree([top]), ObjectKind.TREE)
@@ -874,6 +1059,41 @@ class Capturer:
             fut = self._readers.submit(self._file, dfd, rel, name, st, b"", prev)
             self._early[rel] = (fut, prev)
             self.early_started += 1
+
+    def _start_big(self, root_fd: int) -> None:
+        """A first capture starts reading its big files (``IN_PLACE_MIN`` and up, one link:
+        those the batches leave to a reader thread) before the walk, in walk order, on
+        ``BIG_READERS`` threads of their own, from the listings (``_list_tree``).
+
+        The walk waits for a directory's reads before it leaves it: 114 files of the medium
+        layer hold 906 MB of its 1.7 GB (a 215 MB database, a 131 MB native module, ...),
+        and the walk stood still while each was read, chunked and hashed. Read from the
+        start they overlap the walk. The walk takes such a read as it takes the journal's
+        early reads (``_EarlyRead``): only if the read ended with the stat it listed, else it
+        reads the file again. Their own threads: the walk's other reads (holes, hard links)
+        do not queue behind them.
+        """
+        ahead = self._ahead
+        if ahead is None or BIG_READERS <= 0:
+            return
+        excludes = self.excludes
+        for rel in ahead.order:
+            dfd: int | None = None
+            for name, st in self._listing.get(rel, ()):
+                if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_size < IN_PLACE_MIN:
+                    continue
+                child = _join(rel, name)
+                if excludes.match(child, st):
+                    continue
+                if dfd is None:
+                    dfd = self._open_dir(root_fd, rel)
+                    if dfd is None:
+                        break  # the walk meets whatever it is
+                if self._big is None:
+                    self._big = ThreadPoolExecutor(BIG_READERS, thread_name_prefix="capture-big")
+                fut = self._big.submit(self._file, dfd, child, name, st, b"", None)
+                self._early[child] = (fut, None)
+                self.early_started += 1
 
     def _open_dir(self, root_fd: int, rel: bytes) -> int | None:
         """The directory ``rel`` opened component by component without following a
@@ -1190,23 +1410,38 @@ class Capturer:
         self.stats.dirs += 1
         cached = self.cache.get(rel)
         prev_sigs = cached.sigs() if cached else {}
+        ahead = self._ahead
+        bulk = ahead.batches(rel, fd) if ahead is not None else None
+        if bulk is None:
+            bulk = self._batches(fd)
+        if ahead is not None:
+            self._fds[rel] = fd  # its subdirectories are opened through it while it is open
+        try:
+            if ahead is not None:
+                ahead.fill(rel)
+            return self._dir_entries(fd, rel, cached, prev_sigs, bulk, done)
+        finally:
+            if ahead is not None:
+                del self._fds[rel]
+
+    def _dir_entries(
+        self,
+        fd: int,
+        rel: bytes,
+        cached: CachedDir | None,
+        prev_sigs: dict[bytes, Sig],
+        bulk: _Batches | None,
+        done: dict[bytes, tuple[ObjectId, bool]],
+    ) -> tuple[ObjectId, bool]:
+        """The rest of :meth:`_dir_slow`: lists (or takes the listing of) the directory,
+        captures its children and encodes its tree."""
         sigs: dict[bytes, Sig] = {}
         pending: list[_Pending] = []
         prev_tree: dict[bytes, TreeEntry] | None = None
         unchanged = cached is not None
-        bulk = self._batches(fd)
-        try:
-            with os.scandir(fd) as it:
-                names = sorted((os.fsencode(d.name), d) for d in it)
-        except OSError as e:
-            self._warn(rel, f"cannot list directory: {e.strerror}")
-            names = []
-        for name, dentry in names:
+        listed = self._listing.pop(rel, None) if self._listing else None
+        for name, st in listed if listed is not None else self._list(fd, rel):
             child = _join(rel, name)
-            try:
-                st = dentry.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue  # vanished since the listing: it simply is not there
             if self.excludes.match(child, st):
                 continue
             mode = st.st_mode
@@ -1283,6 +1518,23 @@ class Capturer:
         self.cache_changed[rel] = CachedDir(tree_id, dircache.encode_sigs(sigs))
         return tree_id, cached is None or tree_id != cached.tree
 
+    def _list(self, fd: int, rel: bytes) -> _Listing:
+        """The children of the directory open at ``fd`` with their lstat, sorted by name
+        (a child that vanished since the listing is simply not there)."""
+        try:
+            with os.scandir(fd) as it:
+                names = sorted((os.fsencode(d.name), d) for d in it)
+        except OSError as e:
+            self._warn(rel, f"cannot list directory: {e.strerror}")
+            return []
+        out: _Listing = []
+        for name, dentry in names:
+            try:
+                out.append((name, dentry.stat(follow_symlinks=False)))
+            except FileNotFoundError:
+                continue
+        return out
+
     def _prev_tree(self, cached: CachedDir) -> dict[bytes, TreeEntry]:
         try:
             return {e.name: e for e in decode_tree(self.read_tree(cached.tree))}
@@ -1336,8 +1588,10 @@ class Capturer:
                 kept = self._reuse(rel) if same else None
                 if kept is not None:
                     return _Pending(name, st, subtree=kept)
+                cfd = self._ahead.take_fd(rel) if self._ahead is not None else None
                 try:
-                    cfd = os.open(name, O_DIR, dir_fd=dirfd)
+                    if cfd is None:
+                        cfd = os.open(name, O_DIR, dir_fd=dirfd)
                 except OSError as e:
                     if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
                         return None  # replaced since the listing
