@@ -27,7 +27,17 @@ if TYPE_CHECKING:
 
     from sprite_env.fuse import CheckpointSource
 
-FSNAME = "sprite-env-test"
+#: ``sprite-env-test.<pid>``: the pid says whose mount it is, so that a test process sweeps
+#: only the mounts of processes that are gone, never those of another one running beside
+#: it (``pytest -n``: each worker sweeps at its start).
+FSNAME_PREFIX = "sprite-env-test."
+FSNAME = f"{FSNAME_PREFIX}{os.getpid()}"
+
+#: On the tests that drop the kernel's caches (``/proc/sys/vm/drop_caches``, machine-wide)
+#: and those that count on the kernel keeping pages or names: ``pytest -n`` (xdist's
+#: ``--dist loadgroup``) runs them all in one worker, one after another, so no test drops
+#: what another counts on.
+PAGE_CACHE = pytest.mark.xdist_group("page_cache")
 
 requires_fuse = pytest.mark.skipif(
     not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
@@ -36,19 +46,26 @@ requires_fuse = pytest.mark.skipif(
 
 
 def sweep_stale_mounts() -> list[str]:
-    """Detaches every test mount left behind; returns their mount points.
+    """Detaches every test mount left behind by this process or by one that is gone;
+    returns their mount points.
 
     The connection is aborted first: a thread of a dead test that is blocked in a request
     to its own mount is released, so its process can end.
     """
     swept = []
     for m in mounts():
-        if m.source == FSNAME:
+        if m.source == FSNAME or (m.source.startswith(FSNAME_PREFIX) and _gone(m.source)):
             abort_connection(m.device)
             with contextlib.suppress(MountError):
                 unmount(m.mountpoint, lazy=True)
                 swept.append(m.mountpoint)
     return swept
+
+
+def _gone(fsname: str) -> bool:
+    """Whether the test process named in ``fsname`` has ended."""
+    pid = fsname[len(FSNAME_PREFIX) :]
+    return not pid.isdigit() or not os.path.exists(f"/proc/{pid}")
 
 
 def abort_connection(device: str) -> None:

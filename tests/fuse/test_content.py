@@ -15,7 +15,7 @@ import pytest
 
 from sprite_env.snapshot.diff import top_entry
 from sprite_env.snapshot.tree import decode_chunks, decode_tree
-from tests.fuse.mounting import requires_fuse, wait_until
+from tests.fuse.mounting import PAGE_CACHE, requires_fuse, wait_until
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from sprite_env.ids import ObjectId
     from tests.fuse.mounting import Mounted
 
-pytestmark = [pytest.mark.fuse, requires_fuse]
+pytestmark = [pytest.mark.fuse, requires_fuse, PAGE_CACHE]
 
 MiB = 1 << 20
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from sprite_env.fuse.operations import NO_OPEN_SUPPORTED
-from tests.fuse.mounting import requires_fuse, wait_until
+from tests.fuse.mounting import PAGE_CACHE, requires_fuse, wait_until
 
 if TYPE_CHECKING:
     from collections import Counter
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from sprite_env.checkpoints import Engine
     from tests.fuse.mounting import Mounted
 
-pytestmark = [pytest.mark.fuse, requires_fuse]
+pytestmark = [pytest.mark.fuse, requires_fuse, PAGE_CACHE]
 
 needs_patch = pytest.mark.skipif(
     not NO_OPEN_SUPPORTED, reason="needs pyfuse3 built with .ci/pyfuse3-no-open.patch"

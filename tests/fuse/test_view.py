@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.fuse.mounting import requires_fuse
+from tests.fuse.mounting import PAGE_CACHE, requires_fuse
 from tests.helpers import trees
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from sprite_env.checkpoints import Engine
     from tests.fuse.mounting import Mounted
 
-pytestmark = [pytest.mark.fuse, requires_fuse]
+pytestmark = [pytest.mark.fuse, requires_fuse, PAGE_CACHE]
 
 #: diff(1) reports every pair of special files, even identical ones.
 _SPECIAL = re.compile(
