@@ -1,5 +1,6 @@
 /*
- * bulkread_py.c - the CPython binding of bulkread.c: read_start, read_finish, read_files.
+ * bulkread_py.c - the CPython binding of bulkread.c: read_start, read_finish, read_files;
+ * and lstat_names, the stats of a directory's changed children for the walk.
  *
  * Added to module sprite_env._native by bulkread_add_functions() (called from _native.c's
  * exec slot). Typed stub: sprite_env/_native.pyi.
@@ -10,6 +11,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "bulkread.h"
@@ -239,7 +242,89 @@ static PyObject *native_read_files(PyObject *self, PyObject *args)
     return out;
 }
 
+/* At most this many names are stated with the GIL held by lstat_names (as scan_dir). */
+#define LSTAT_KEEP_GIL 256
+
+PyDoc_STRVAR(lstat_names_doc,
+"lstat_names(dirfd, names, /) -> list\n--\n\n"
+"The os.stat_result fields (19, as read_finish gives them) of each of names (bytes) in the\n"
+"directory open at dirfd, symlinks not followed, or None for a name that does not exist.\n"
+"The GIL is kept for up to 256 names (each stat is a microsecond or two; a released GIL\n"
+"can take up to the switch interval to come back beside a busy Python thread).\n"
+"Raises OSError (with the name) for any other error, ValueError for a name with a NUL.");
+
+static PyObject *native_lstat_names(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int dirfd;
+    PyObject *names;
+    if (!PyArg_ParseTuple(args, "iO!:lstat_names", &dirfd, &PyList_Type, &names)) {
+        return NULL;
+    }
+    /* a copy of the list: another thread could change the caller's while the GIL is out */
+    PyObject *own = PyList_GetSlice(names, 0, PyList_GET_SIZE(names));
+    if (own == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(own);
+    struct stat *sts = calloc(n > 0 ? (size_t)n : 1u, sizeof *sts);
+    int *errs = calloc(n > 0 ? (size_t)n : 1u, sizeof *errs);
+    PyObject *out = NULL;
+    if (sts == NULL || errs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = PyList_GET_ITEM(own, i);
+        if (!PyBytes_Check(b) ||
+            (Py_ssize_t)strlen(PyBytes_AS_STRING(b)) != PyBytes_GET_SIZE(b)) {
+            PyErr_SetString(PyExc_ValueError, "names must be bytes without NUL");
+            goto done;
+        }
+    }
+    if (n <= LSTAT_KEEP_GIL) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const char *name = PyBytes_AS_STRING(PyList_GET_ITEM(own, i));
+            errs[i] = fstatat(dirfd, name, &sts[i], AT_SYMLINK_NOFOLLOW) == 0 ? 0 : errno;
+        }
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const char *name = PyBytes_AS_STRING(PyList_GET_ITEM(own, i));
+            errs[i] = fstatat(dirfd, name, &sts[i], AT_SYMLINK_NOFOLLOW) == 0 ? 0 : errno;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (errs[i] != 0 && errs[i] != ENOENT) {
+            errno = errs[i];
+            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, PyList_GET_ITEM(own, i));
+            goto done;
+        }
+    }
+    out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *r;
+        if (errs[i] == ENOENT) {
+            r = Py_NewRef(Py_None);
+        } else {
+            r = stat_tuple(&sts[i]);
+        }
+        if (r == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, r);
+    }
+done:
+    free(sts);
+    free(errs);
+    Py_DECREF(own);
+    return out;
+}
+
 static PyMethodDef bulkread_methods[] = {
+    {"lstat_names", native_lstat_names, METH_VARARGS, lstat_names_doc},
     {"read_start", native_read_start, METH_VARARGS, read_start_doc},
     {"read_finish", native_read_finish, METH_O, read_finish_doc},
     {"read_files", native_read_files, METH_VARARGS, read_files_doc},

@@ -137,11 +137,13 @@ except ImportError:  # without them a changed directory takes the entry-by-entry
 _BulkRead = tuple[tuple[int, ...], bytes, list[int], bytes, int] | None
 _read_start: Callable[[int, list[bytes], int, int, int, int, int], object] | None
 _read_finish: Callable[[object], list[_BulkRead]] | None
+_lstat_names: Callable[[int, list[bytes]], list[tuple[int, ...] | None]] | None
 try:
+    from sprite_env._native import lstat_names as _lstat_names
     from sprite_env._native import read_finish as _read_finish
     from sprite_env._native import read_start as _read_start
 except ImportError:  # every file takes the general path
-    _read_start = _read_finish = None
+    _read_start = _read_finish = _lstat_names = None
 
 READ_ATTEMPTS = 3
 #: Threads of the native full walk (``scan_tree``): more than cores, as a cold walk waits
@@ -1288,12 +1290,21 @@ class Capturer:
         changed, _removed = _sig_diff(blob, cached.stat)
         is_changed = set(changed)
         looked: list[tuple[bytes, bytes, os.stat_result]] = []
-        for name in changed:  # classified before anything is walked, read or counted
+        # their stats in one native call that keeps the GIL (H1, issue 11: a stat each from
+        # Python lets go of it, and taking it back beside a busy thread can wait 5 ms)
+        stats = _lstat_names(fd, changed) if _lstat_names is not None else None
+        for i, name in enumerate(changed):  # classified before anything is walked, read or counted
             child = _join(rel, name)
-            try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                return None
+            if stats is not None:
+                fields = stats[i]
+                if fields is None:
+                    return None
+                st = os.stat_result(fields)
+            else:
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    return None
             mode = st.st_mode
             if (
                 stat.S_ISSOCK(mode)

@@ -301,3 +301,35 @@ def test_the_small_files_are_read_by_the_batch(
     assert r.stats.files == 52
     assert r.stats.files_read == 52
     assert sorted(one_by_one) == [b"big", b"d/sparse"]
+
+
+@pytest.mark.parametrize("count", [3, 300])
+def test_lstat_names_is_os_stat(tmp_path: os.PathLike[str], count: int) -> None:
+    """``lstat_names`` (GIL kept up to 256 names, released past that) gives what
+    ``os.stat(follow_symlinks=False)`` gives, None for a missing name."""
+    d = os.fsencode(tmp_path)
+    names = []
+    for i in range(count):
+        name = b"n%03d" % i
+        p = os.path.join(d, name)
+        if i % 3 == 0:
+            os.mkdir(p)
+        elif i % 3 == 1:
+            os.symlink(b"nowhere", p)
+        else:
+            with open(p, "wb") as f:
+                f.write(b"x" * i)
+        names.append(name)
+    names.insert(1, b"missing")
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        got = native.lstat_names(fd, names)
+        with pytest.raises(NotADirectoryError, match="n002/x"):
+            native.lstat_names(fd, [b"n000", b"n002/x"])
+    finally:
+        os.close(fd)
+    assert got[1] is None
+    for name, fields in zip(names, got, strict=True):
+        if name != b"missing":
+            assert fields is not None
+            assert os.stat_result(fields) == os.lstat(os.path.join(d, name)), name
