@@ -180,9 +180,14 @@ def test_kill_mid_restore_is_finished_at_the_next_start(daemon_factory: Any) -> 
         assert check(s, read_data=True).ok
 
 
-def test_scheduler_takes_auto_checkpoints_when_the_layer_changed(daemon_factory: Any) -> None:
+def test_scheduler_takes_auto_checkpoints_when_the_layer_changed(
+    daemon_factory: Any, tmp_path: Any
+) -> None:
+    # Each state of the layer appears at once (the file is there before the daemon starts,
+    # then replaced by a rename): a tick every 0.6 s must never see a half-made one (the
+    # empty layer, an empty file), which would rightly be one more checkpoint.
+    write_file(str(tmp_path / "root" / "a"), b"1")
     d = daemon_factory("--auto-interval", "0.01")  # 0.6 s
-    write_file(os.path.join(d.root, "a"), b"1")
     deadline = time.monotonic() + 30
     autos: list[Any] = []
     while time.monotonic() < deadline and not autos:
@@ -192,7 +197,8 @@ def test_scheduler_takes_auto_checkpoints_when_the_layer_changed(daemon_factory:
     assert autos[0]["created_by"] == "scheduler"
     time.sleep(2.0)  # unchanged: no more
     assert len(d.json("GET", "/v1/checkpoints?include_auto=true")[1]) == 1
-    write_file(os.path.join(d.root, "a"), b"2")
+    write_file(str(tmp_path / "a.new"), b"2")
+    os.replace(tmp_path / "a.new", os.path.join(d.root, "a"))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and len(autos) < 2:
         time.sleep(0.2)
