@@ -354,8 +354,11 @@ def test_idle_connections_do_not_block_a_request(daemon_factory: Any) -> None:
         # This process is one client: at most 64 of its connections are kept (the rest,
         # idle, made room for its newer ones and for the status requests), once the
         # front has handed every idle one to the daemon (api/front.py).
-        time.sleep(GRACE_S + 0.5)
-        assert _still_open(mine) <= 64
+        time.sleep(GRACE_S)
+        deadline = time.monotonic() + 30  # a loaded machine hands them over late
+        while (still := _still_open(mine)) > 64 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert still <= 64
         written = d.create("under siege")
         assert written["type"] == "complete"
     assert d.json("GET", "/v1/checkpoints")[1][0]["comment"] == "under siege"
