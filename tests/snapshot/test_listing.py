@@ -9,12 +9,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
+import time
 from typing import TYPE_CHECKING
 
 import pytest
 
 from sprite_env.snapshot import capture as capture_mod
 from sprite_env.snapshot.capture import IN_PLACE_MIN, CaptureResult, Excludes, capture
+from sprite_env.snapshot.dircache import RACY_NS
 from sprite_env.store.repository import open_store
 from tests.helpers import trees
 from tests.snapshot.test_bulk_read import _objects
@@ -41,6 +43,9 @@ def _layer(root: str) -> None:
         f.write(b"an excluded directory's file " * 10)
     with open(os.path.join(root, "many", "d03", "private.key"), "wb") as f:
         f.write(b"an excluded file " * 10)
+    # Past the racy window: a directory changed within RACY_NS of a capture's start gets a
+    # racy signature, so two captures in a row would otherwise differ by their timing.
+    time.sleep(RACY_NS / 1e9 * 1.5)
 
 
 EXCLUDES = [b"skip", b"*.key", b"[m]any/d07"]  # '[': not evaluated in C, the walk does
