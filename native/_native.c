@@ -17,6 +17,7 @@
 #include "fastcdc.h"
 #include "pagesum.h"
 #include "treescan.h"
+#include "treescan_py.h"
 
 int filewrite_add_functions(PyObject *module);  /* filewrite_py.c */
 int treesplice_add_functions(PyObject *module); /* treesplice_py.c */
@@ -326,26 +327,18 @@ static PyObject *native_scan_tree(PyObject *self, PyObject *args)
                           &PyDict_Type, &rows, &inodes_arg, &patterns_arg, &threads)) {
         return NULL;
     }
-    PyObject *inodes = PySequence_Fast(inodes_arg, "exclude_inodes must be a sequence");
-    PyObject *patterns = PySequence_Fast(patterns_arg, "patterns must be a sequence");
+    struct treescan_excludes x;
     struct treescan_cache *cache = NULL;
-    uint64_t *inos = NULL;
-    const char **pats = NULL;
-    size_t *pat_lens = NULL;
     struct held held = {NULL, 0};
     struct treescan_result r = {NULL, 0};
     PyObject *result = NULL;
-    if (inodes == NULL || patterns == NULL) {
+    if (treescan_excludes_parse(inodes_arg, patterns_arg, &x) != 0) {
         goto out;
     }
-    Py_ssize_t n_rows = PyDict_Size(rows), n_inos = PySequence_Fast_GET_SIZE(inodes);
-    Py_ssize_t n_pats = PySequence_Fast_GET_SIZE(patterns);
-    held.refs = PyMem_Malloc(sizeof(PyObject *) * (size_t)(2 * n_rows + n_pats + 1));
-    inos = PyMem_Malloc(sizeof(uint64_t) * (size_t)(2 * n_inos + 1));
-    pats = PyMem_Malloc(sizeof(char *) * (size_t)(n_pats + 1));
-    pat_lens = PyMem_Malloc(sizeof(size_t) * (size_t)(n_pats + 1));
+    Py_ssize_t n_rows = PyDict_Size(rows);
+    held.refs = PyMem_Malloc(sizeof(PyObject *) * (size_t)(2 * n_rows + 1));
     cache = treescan_cache_new((size_t)n_rows);
-    if (held.refs == NULL || inos == NULL || pats == NULL || pat_lens == NULL || cache == NULL) {
+    if (held.refs == NULL || cache == NULL) {
         PyErr_NoMemory();
         goto out;
     }
@@ -365,34 +358,15 @@ static PyObject *native_scan_tree(PyObject *self, PyObject *args)
             goto out;
         }
     }
-    for (Py_ssize_t i = 0; i < n_inos; i++) {
-        unsigned long long dev, ino;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(inodes, i), "KK:exclude_inodes", &dev,
-                              &ino)) {
-            goto out;
-        }
-        inos[2 * i] = (uint64_t)dev;
-        inos[2 * i + 1] = (uint64_t)ino;
-    }
-    for (Py_ssize_t i = 0; i < n_pats; i++) {
-        PyObject *p = PySequence_Fast_GET_ITEM(patterns, i);
-        if (!PyBytes_Check(p)) {
-            PyErr_SetString(PyExc_TypeError, "patterns must be bytes");
-            goto out;
-        }
-        hold(&held, p);
-        pats[i] = PyBytes_AS_STRING(p);
-        pat_lens[i] = (size_t)PyBytes_GET_SIZE(p);
-    }
     struct treescan_params params = {
         .now_ns = (int64_t)now_ns,
         .racy_ns = (int64_t)racy_ns,
         .root_dev = (uint64_t)root_dev,
-        .exclude_inodes = inos,
-        .n_exclude_inodes = (size_t)n_inos,
-        .patterns = pats,
-        .pattern_lens = pat_lens,
-        .n_patterns = (size_t)n_pats,
+        .exclude_inodes = x.inos,
+        .n_exclude_inodes = x.n_inos,
+        .patterns = x.pats,
+        .pattern_lens = x.pat_lens,
+        .n_patterns = x.n_pats,
         .cache = cache,
         .threads = threads,
     };
@@ -412,11 +386,7 @@ out:
     if (held.refs != NULL) {
         release_held(&held);
     }
-    PyMem_Free(inos);
-    PyMem_Free(pats);
-    PyMem_Free(pat_lens);
-    Py_XDECREF(inodes);
-    Py_XDECREF(patterns);
+    treescan_excludes_free(&x);
     return result;
 }
 

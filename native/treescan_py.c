@@ -10,8 +10,10 @@
 
 #include <errno.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "treescan.h"
+#include "treescan_py.h"
 
 /* An os.stat_result of st, filled field by field (its 19 fields on Linux, in the order of
  * its constructor: the 10 of the tuple, the float times, the ns times, blksize, blocks,
@@ -107,6 +109,60 @@ fail:
     return NULL;
 }
 
+/* Both walks' exclusions (scan_tree's in _native.c, scan_listing's here): the (st_dev,
+ * st_ino) pairs and the fnmatch patterns, as treescan_params takes them. The sequences
+ * (PySequence_Fast) keep the pattern bytes alive until treescan_excludes_free. */
+int treescan_excludes_parse(PyObject *inodes_arg, PyObject *patterns_arg,
+                            struct treescan_excludes *x)
+{
+    memset(x, 0, sizeof *x);
+    x->inodes = PySequence_Fast(inodes_arg, "exclude_inodes must be a sequence");
+    x->patterns = PySequence_Fast(patterns_arg, "patterns must be a sequence");
+    if (x->inodes == NULL || x->patterns == NULL) {
+        return -1;
+    }
+    Py_ssize_t n_inos = PySequence_Fast_GET_SIZE(x->inodes);
+    Py_ssize_t n_pats = PySequence_Fast_GET_SIZE(x->patterns);
+    x->inos = PyMem_Malloc(sizeof(uint64_t) * (size_t)(2 * n_inos + 1));
+    x->pats = PyMem_Malloc(sizeof(char *) * (size_t)(n_pats + 1));
+    x->pat_lens = PyMem_Malloc(sizeof(size_t) * (size_t)(n_pats + 1));
+    if (x->inos == NULL || x->pats == NULL || x->pat_lens == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n_inos; i++) {
+        unsigned long long dev, ino;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(x->inodes, i), "KK:exclude_inodes", &dev,
+                              &ino)) {
+            return -1;
+        }
+        x->inos[2 * i] = (uint64_t)dev;
+        x->inos[2 * i + 1] = (uint64_t)ino;
+    }
+    x->n_inos = (size_t)n_inos;
+    for (Py_ssize_t i = 0; i < n_pats; i++) {
+        PyObject *p = PySequence_Fast_GET_ITEM(x->patterns, i);
+        if (!PyBytes_Check(p)) {
+            PyErr_SetString(PyExc_TypeError, "patterns must be bytes");
+            return -1;
+        }
+        x->pats[i] = PyBytes_AS_STRING(p);
+        x->pat_lens[i] = (size_t)PyBytes_GET_SIZE(p);
+    }
+    x->n_pats = (size_t)n_pats;
+    return 0;
+}
+
+void treescan_excludes_free(struct treescan_excludes *x)
+{
+    PyMem_Free(x->inos);
+    PyMem_Free(x->pats);
+    PyMem_Free(x->pat_lens);
+    Py_XDECREF(x->inodes);
+    Py_XDECREF(x->patterns);
+    memset(x, 0, sizeof *x);
+}
+
 PyDoc_STRVAR(scan_listing_doc,
 "scan_listing(fd, root_dev, exclude_inodes, patterns, threads, /) -> dict\n--\n\n"
 "Walk the tree below the directory open at fd as scan_tree() does (same threads, same\n"
@@ -143,52 +199,25 @@ static PyObject *native_scan_listing(PyObject *self, PyObject *args)
         }
         return NULL;
     }
-    PyObject *inodes = PySequence_Fast(inodes_arg, "exclude_inodes must be a sequence");
-    PyObject *patterns = PySequence_Fast(patterns_arg, "patterns must be a sequence");
-    uint64_t *inos = NULL;
-    const char **pats = NULL;
-    size_t *pat_lens = NULL;
+    struct treescan_excludes x;
     struct treescan_cache *cache = NULL;
     struct treescan_result r = {NULL, 0};
     PyObject *result = NULL;
-    if (inodes == NULL || patterns == NULL) {
+    if (treescan_excludes_parse(inodes_arg, patterns_arg, &x) != 0) {
         goto out;
     }
-    Py_ssize_t n_inos = PySequence_Fast_GET_SIZE(inodes);
-    Py_ssize_t n_pats = PySequence_Fast_GET_SIZE(patterns);
-    inos = PyMem_Malloc(sizeof(uint64_t) * (size_t)(2 * n_inos + 1));
-    pats = PyMem_Malloc(sizeof(char *) * (size_t)(n_pats + 1));
-    pat_lens = PyMem_Malloc(sizeof(size_t) * (size_t)(n_pats + 1));
     cache = treescan_cache_new(0);
-    if (inos == NULL || pats == NULL || pat_lens == NULL || cache == NULL) {
+    if (cache == NULL) {
         PyErr_NoMemory();
         goto out;
     }
-    for (Py_ssize_t i = 0; i < n_inos; i++) {
-        unsigned long long dev, ino;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(inodes, i), "KK:exclude_inodes", &dev,
-                              &ino)) {
-            goto out;
-        }
-        inos[2 * i] = (uint64_t)dev;
-        inos[2 * i + 1] = (uint64_t)ino;
-    }
-    for (Py_ssize_t i = 0; i < n_pats; i++) {
-        PyObject *p = PySequence_Fast_GET_ITEM(patterns, i); /* kept alive by `patterns` */
-        if (!PyBytes_Check(p)) {
-            PyErr_SetString(PyExc_TypeError, "patterns must be bytes");
-            goto out;
-        }
-        pats[i] = PyBytes_AS_STRING(p);
-        pat_lens[i] = (size_t)PyBytes_GET_SIZE(p);
-    }
     struct treescan_params params = {
         .root_dev = (uint64_t)root_dev,
-        .exclude_inodes = inos,
-        .n_exclude_inodes = (size_t)n_inos,
-        .patterns = pats,
-        .pattern_lens = pat_lens,
-        .n_patterns = (size_t)n_pats,
+        .exclude_inodes = x.inos,
+        .n_exclude_inodes = x.n_inos,
+        .patterns = x.pats,
+        .pattern_lens = x.pat_lens,
+        .n_patterns = x.n_pats,
         .cache = cache,
         .threads = threads,
         .keep_listing = 1,
@@ -206,11 +235,7 @@ static PyObject *native_scan_listing(PyObject *self, PyObject *args)
 out:
     treescan_free(&r);
     treescan_cache_free(cache);
-    PyMem_Free(inos);
-    PyMem_Free(pats);
-    PyMem_Free(pat_lens);
-    Py_XDECREF(inodes);
-    Py_XDECREF(patterns);
+    treescan_excludes_free(&x);
     Py_DECREF(type);
     return result;
 }
