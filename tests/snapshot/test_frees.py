@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import os
 import resource
-import signal
-import subprocess
-import sys
 from typing import TYPE_CHECKING
 
 from sprite_env.checkpoints import Engine
 from sprite_env.checkpoints.verify import verify_store
 from sprite_env.snapshot import frees as frees_mod
 from tests.helpers import trees
-from tests.snapshot.test_restore_undo import _layer, _open_fds, _step
+from tests.snapshot.test_restore_undo import _layer, _open_fds, _restore_killed_at, _step
 
 if TYPE_CHECKING:
     import pytest
@@ -109,30 +106,10 @@ def test_the_limit_leaves_room_to_everything_else() -> None:
     assert room == max(0, min(frees_mod.MAX_HELD, now - frees_mod.SPARE_FDS))
 
 
-SCRIPT = r"""
-import sys
-from sprite_env.checkpoints import Engine
-root, store = sys.argv[1:3]
-with Engine(root, store) as e:
-    e.restore("v0")
-"""
-
-
 def test_kill_before_the_commit_with_inodes_held(tmp_path: os.PathLike[str]) -> None:
     """Killed after the writes, every removed inode still held: the kernel frees them at
     the exit, and the reopened engine finishes the restore; nothing is left behind."""
-    root = os.path.join(os.fspath(tmp_path), "layer")
-    store = os.path.join(os.fspath(tmp_path), "store")
-    _layer(root)
-    before = trees.snapshot_tree(root)
-    with Engine(root, store) as e:
-        e.create("c0")
-    _step(root)
-    env = {**os.environ, "SPRITE_ENV_CRASH_AT": "restore-before-commit"}
-    p = subprocess.run(
-        [sys.executable, "-c", SCRIPT, root, store], env=env, capture_output=True, timeout=120
-    )
-    assert p.returncode == -signal.SIGKILL, p.stderr
+    root, store, before = _restore_killed_at(tmp_path, "restore-before-commit")
     trees.assert_trees_equal(before, root, check_holes="exact")
     with Engine(root, store) as e:
         assert e.pending_restore() is None

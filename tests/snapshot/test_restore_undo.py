@@ -221,7 +221,11 @@ with Engine(root, store) as e:
 """
 
 
-def test_kill_while_removing_then_reopen_finishes(tmp_path: os.PathLike[str]) -> None:
+def _restore_killed_at(
+    tmp_path: os.PathLike[str], crash_at: str
+) -> tuple[str, str, trees.Snapshot]:
+    """The layer checkpointed as c0, changed by :func:`_step`, then a restore of v0 in a
+    process killed (-9) at ``crash_at``: returns the layer, the store and c0's snapshot."""
     root = os.path.join(os.fspath(tmp_path), "layer")
     store = os.path.join(os.fspath(tmp_path), "store")
     _layer(root)
@@ -229,11 +233,16 @@ def test_kill_while_removing_then_reopen_finishes(tmp_path: os.PathLike[str]) ->
     with Engine(root, store) as e:
         e.create("c0")
     _step(root)
-    env = {**os.environ, "SPRITE_ENV_CRASH_AT": "restore-entry-removed:30"}
+    env = {**os.environ, "SPRITE_ENV_CRASH_AT": crash_at}
     p = subprocess.run(
         [sys.executable, "-c", SCRIPT, root, store], env=env, capture_output=True, timeout=120
     )
     assert p.returncode == -signal.SIGKILL, p.stderr
+    return root, store, before
+
+
+def test_kill_while_removing_then_reopen_finishes(tmp_path: os.PathLike[str]) -> None:
+    root, store, before = _restore_killed_at(tmp_path, "restore-entry-removed:30")
     assert os.path.exists(os.path.join(root, "pkg"))  # killed part-way through the removal
     with Engine(root, store) as e:  # opening finishes the interrupted restore
         assert e.pending_restore() is None
