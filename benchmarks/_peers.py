@@ -39,6 +39,17 @@ RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"
 # -- measuring ----------------------------------------------------------------------------
 
 
+#: The repository (this file's parent's parent): results name paths relative to it.
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def rel(path: str) -> str:
+    """A path as the results record it: relative to the repository, or under
+    ``$BENCH_DATA`` when elsewhere (never one machine's absolute path)."""
+    r = os.path.relpath(path, _REPO)
+    return os.path.join("$BENCH_DATA", os.path.basename(path)) if r.startswith("..") else r
+
+
 def drop_caches() -> bool:
     """Writes back dirty pages and drops the page cache; False unless running as root."""
     if os.geteuid() != 0:

@@ -42,6 +42,7 @@ from _peers import (  # noqa: E402
     du_bytes,
     markdown_table,
     ratio,
+    rel,
     run_measured,
     write_results,
 )
@@ -214,7 +215,7 @@ def main() -> int:
                 else None,
                 "store_bytes": good[-1]["store_bytes"] if good else None,
             }
-        results["layers"][layer_name] = {"path": layer, "runs": runs, "summary": summary}
+        results["layers"][layer_name] = {"path": rel(layer), "runs": runs, "summary": summary}
         rows = []
         ref = summary.get("restic", {})
         for name, s in summary.items():

@@ -59,6 +59,7 @@ from _peers import (  # noqa: E402
     machine_info,
     markdown_table,
     ratio,
+    rel,
     run_measured,
     write_results,
 )
@@ -71,13 +72,6 @@ SPRITE, RESTIC = "sprite-env", "restic"
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def rel(path: str) -> str:
-    """A path as the results record it: relative to the repository, or under
-    ``$BENCH_DATA`` when elsewhere (never one machine's absolute path)."""
-    r = os.path.relpath(path, REPO)
-    return os.path.join("$BENCH_DATA", os.path.basename(path)) if r.startswith("..") else r
 
 
 class Server:

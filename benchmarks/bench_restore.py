@@ -57,6 +57,7 @@ from _peers import (  # noqa: E402
     drop_caches,
     markdown_table,
     ratio,
+    rel,
     run_measured,
     write_results,
 )
@@ -64,13 +65,6 @@ from _tree import compare, manifest, verdict  # noqa: E402
 from bench_first import Borg, Restic, Sprite, Tool, freeze, log, rmtree  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def rel(path: str) -> str:
-    """A path as the results record it: relative to the repository, or under
-    ``$BENCH_DATA`` when elsewhere (never one machine's absolute path)."""
-    r = os.path.relpath(path, REPO)
-    return os.path.join("$BENCH_DATA", os.path.basename(path)) if r.startswith("..") else r
 
 
 def link_groups(root: str) -> list[list[str]]:
