@@ -1290,7 +1290,7 @@ class Capturer:
         changed, _removed = _sig_diff(blob, cached.stat)
         is_changed = set(changed)
         looked: list[tuple[bytes, bytes, os.stat_result]] = []
-        # their stats in one native call that keeps the GIL (H1, issue 11: a stat each from
+        # their stats in one native call that keeps the GIL (issue 11: a stat each from
         # Python lets go of it, and taking it back beside a busy thread can wait 5 ms)
         stats = _lstat_names(fd, changed) if _lstat_names is not None else None
         for i, name in enumerate(changed):  # classified before anything is walked, read or counted

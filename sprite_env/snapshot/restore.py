@@ -602,21 +602,33 @@ class Restorer:
                 self.result.warnings.append(f"{path!r}: mount point left in place")
                 return
             cfd = os.open(name, O_DIR, dir_fd=fd)
-            removed = False
             try:
-                if not self._empty_dir(cfd, path):
-                    os.rmdir(name, dir_fd=fd)
-                    removed = True
-            finally:
-                if removed:  # removed while open: its eviction waits for the close
-                    self.frees.keep(cfd)
-                else:
-                    os.close(cfd)
+                kept = self._empty_dir(cfd, path)
+            except BaseException:
+                os.close(cfd)
+                raise
+            self._close_emptied(fd, name, cfd, kept)
             self.result.cache_removed.append(path)
         else:
             self.frees.hold(fd, name)
             os.unlink(name, dir_fd=fd)
             crashpoint("restore-entry-removed")
+
+    def _close_emptied(self, pfd: int, name: bytes, cfd: int, kept: bool) -> None:
+        """Removes the emptied directory ``name`` of the directory open at ``pfd`` unless
+        something in it was ``kept``, and lets go of ``cfd``, its own descriptor (closed
+        whatever happens). Removed while open, its eviction waits for that descriptor's
+        close, which ``frees`` holds until the restore committed."""
+        try:
+            if not kept:
+                os.rmdir(name, dir_fd=pfd)
+        except BaseException:
+            os.close(cfd)
+            raise
+        if kept:
+            os.close(cfd)
+        else:
+            self.frees.keep(cfd)
 
     def _empty_dir(self, fd: int, rel: bytes) -> bool:
         """Removes a directory's contents, its whole subtree at once; True if something had
@@ -646,16 +658,7 @@ class Restorer:
                 _wait_all(futures)
                 for pfd, name, cfd, kept in nodes:
                     done += 1
-                    try:
-                        if not kept:  # removed while open: evicted when closed
-                            os.rmdir(name, dir_fd=pfd)
-                    except BaseException:
-                        os.close(cfd)
-                        raise
-                    if kept:
-                        os.close(cfd)
-                    else:
-                        self.frees.keep(cfd)
+                    self._close_emptied(pfd, name, cfd, kept)
             finally:
                 for _pfd, _name, cfd, _kept in nodes[done:]:
                     os.close(cfd)
