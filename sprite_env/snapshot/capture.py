@@ -594,7 +594,7 @@ class _ReadAhead:
         items = []
         excludes = c.excludes
         for kid, st in self.listing.get(rel, ()):
-            if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_size < IN_PLACE_MIN:
+            if _batched(st):
                 child = _join(rel, kid)
                 if not excludes.match(child, st):  # an excluded file's bytes stay out
                     items.append((child, kid, st))
@@ -1623,7 +1623,7 @@ class Capturer:
                 if done is not None:  # another member of the group was read already
                     return _Pending(name, st, dataclasses.replace(done, name=name, link=link))
                 # (a file changed in place, ``prev``, is compared with it, not read whole)
-                if bulk is not None and st.st_nlink == 1 and st.st_size < IN_PLACE_MIN and not prev:
+                if bulk is not None and _batched(st) and not prev:
                     return _Pending(name, st, future=bulk.add(rel, name, st))
                 early = self._early.pop(rel, None) if self._early else None
                 if early is not None:
@@ -2168,6 +2168,13 @@ def data_regions(fd: int, size: int) -> list[tuple[int, int]]:
         regions.append((start, end))
         pos = end
     return regions
+
+
+def _batched(st: os.stat_result) -> bool:
+    """Whether the native batches read this file (a regular file of one link under
+    ``IN_PLACE_MIN``: no page digests to make) when the walk reads it whole: what the walk
+    puts in a directory's batches, and so what ``_ReadAhead`` starts for it."""
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_size < IN_PLACE_MIN
 
 
 def _stable(a: os.stat_result, b: os.stat_result) -> bool:
