@@ -98,6 +98,74 @@ int sig_diff(const uint8_t *new_blob, size_t new_len, const uint8_t *old_blob, s
     return 0;
 }
 
+int sig_splice(const uint8_t *old_blob, size_t old_len, const uint8_t *patch, size_t patch_len,
+               const struct span *gone, size_t ngone, uint8_t **out, size_t *out_len)
+{
+    *out = NULL;
+    for (size_t g = 1; g < ngone; g++) {
+        if (name_cmp(gone[g - 1].data, gone[g - 1].len, gone[g].data, gone[g].len) >= 0) {
+            return -4;
+        }
+    }
+    uint8_t *buf = malloc(old_len + patch_len + 1u);
+    if (buf == NULL) {
+        return -5;
+    }
+    size_t i = 0, j = 0, w = 0, g = 0;
+    const uint8_t *last = NULL; /* the last patch name, to check its order */
+    size_t last_len = 0;
+    int rc = 0;
+    while (i < old_len || j < patch_len) {
+        const uint8_t *on = NULL, *pn = NULL;
+        size_t ol = 0, pl = 0, orow = 0, prow = 0;
+        if (i < old_len && sig_row(old_blob, old_len, i, &on, &ol, &orow) != 0) {
+            rc = -1;
+            goto fail;
+        }
+        if (j < patch_len && sig_row(patch, patch_len, j, &pn, &pl, &prow) != 0) {
+            rc = -1;
+            goto fail;
+        }
+        int c = i >= old_len ? 1 : j >= patch_len ? -1 : name_cmp(on, ol, pn, pl);
+        if (c >= 0) { /* the patch's row: a new child, or one that replaces the old row */
+            if (last != NULL && name_cmp(last, last_len, pn, pl) >= 0) {
+                rc = -4;
+                goto fail;
+            }
+            while (g < ngone && name_cmp(gone[g].data, gone[g].len, pn, pl) < 0) {
+                g++;
+            }
+            if (g < ngone && name_cmp(gone[g].data, gone[g].len, pn, pl) == 0) {
+                rc = -4; /* both looked at and gone */
+                goto fail;
+            }
+            memcpy(buf + w, patch + j, prow);
+            w += prow;
+            last = pn;
+            last_len = pl;
+            j += prow;
+            if (c == 0) {
+                i += orow;
+            }
+            continue;
+        }
+        while (g < ngone && name_cmp(gone[g].data, gone[g].len, on, ol) < 0) {
+            g++;
+        }
+        if (!(g < ngone && name_cmp(gone[g].data, gone[g].len, on, ol) == 0)) {
+            memcpy(buf + w, old_blob + i, orow);
+            w += orow;
+        }
+        i += orow;
+    }
+    *out = buf;
+    *out_len = w;
+    return 0;
+fail:
+    free(buf);
+    return rc;
+}
+
 int tree_entry_at(const uint8_t *tree, size_t len, size_t off, const uint8_t **name,
                   size_t *nlen, size_t *entry_len)
 {

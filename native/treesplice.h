@@ -31,6 +31,14 @@ typedef int (*sig_name_fn)(const uint8_t *name, size_t len, void *ctx);
 int sig_diff(const uint8_t *new_blob, size_t new_len, const uint8_t *old_blob, size_t old_len,
              sig_name_fn on_changed, sig_name_fn on_removed, void *ctx);
 
+/* The signature blob of a directory of which only some children were looked at: old_blob's
+ * rows, each replaced by patch's row of the same name, plus patch's rows of new names,
+ * less the rows named in gone (spans, sorted). Both blobs sorted by name, as is the result.
+ * *out is malloc'ed (the caller frees it). Returns 0; -1 malformed blob; -4 patch or gone
+ * out of order (or a name in both); -5 no memory. */
+int sig_splice(const uint8_t *old_blob, size_t old_len, const uint8_t *patch, size_t patch_len,
+               const struct span *gone, size_t ngone, uint8_t **out, size_t *out_len);
+
 /* The tree entry starting at off: its name and byte length; -1 if malformed. */
 int tree_entry_at(const uint8_t *tree, size_t len, size_t off, const uint8_t **name,
                   size_t *nlen, size_t *entry_len);

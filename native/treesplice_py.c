@@ -1,5 +1,6 @@
 /*
- * treesplice_py.c - the CPython binding of treesplice.c: sig_diff, tree_splice, tree_find.
+ * treesplice_py.c - the CPython binding of treesplice.c: sig_diff, sig_splice, tree_splice,
+ * tree_find.
  *
  * Added to module sprite_env._native by treesplice_add_functions() (called from
  * _native.c's exec slot). Typed stubs: sprite_env/_native.pyi.
@@ -65,6 +66,58 @@ static PyObject *native_sig_diff(PyObject *self, PyObject *args)
     Py_XDECREF(l.removed);
     PyBuffer_Release(&a);
     PyBuffer_Release(&b);
+    return result;
+}
+
+PyDoc_STRVAR(sig_splice_doc,
+"sig_splice(old_blob, patch, gone, /) -> bytes\n--\n\n"
+"The signature blob (dircache.encode_sigs()'s format) of old_blob's rows with each row of\n"
+"patch (same format, sorted) in place of old_blob's row of that name or added, and the\n"
+"rows named in gone (a sorted list of bytes) left out. Raises ValueError for a malformed\n"
+"blob, or patch or gone out of order or naming one child in both.");
+
+static PyObject *native_sig_splice(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer old, patch;
+    PyObject *gone;
+    if (!PyArg_ParseTuple(args, "y*y*O!:sig_splice", &old, &patch, &PyList_Type, &gone)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = PyList_GET_SIZE(gone);
+    struct span *spans = calloc((size_t)n + 1u, sizeof *spans);
+    if (spans == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *e = PyList_GET_ITEM(gone, k);
+        if (!PyBytes_Check(e)) {
+            PyErr_SetString(PyExc_TypeError, "gone names must be bytes");
+            goto out;
+        }
+        spans[k].data = (const uint8_t *)PyBytes_AS_STRING(e);
+        spans[k].len = (size_t)PyBytes_GET_SIZE(e);
+    }
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    /* the GIL is held throughout (the list and its bytes cannot change): a few KiB */
+    int rc = sig_splice(old.buf, (size_t)old.len, patch.buf, (size_t)patch.len, spans, (size_t)n,
+                        &buf, &len);
+    if (rc == -5) {
+        PyErr_NoMemory();
+    } else if (rc != 0) {
+        PyErr_SetString(PyExc_ValueError, rc == -4 ? "patch or gone out of order"
+                                                   : "malformed signature blob");
+    } else {
+        result = PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)len);
+    }
+    free(buf);
+out:
+    free(spans);
+    PyBuffer_Release(&old);
+    PyBuffer_Release(&patch);
     return result;
 }
 
@@ -153,6 +206,7 @@ static PyObject *native_tree_find(PyObject *self, PyObject *args)
 
 static PyMethodDef treesplice_methods[] = {
     {"sig_diff", native_sig_diff, METH_VARARGS, sig_diff_doc},
+    {"sig_splice", native_sig_splice, METH_VARARGS, sig_splice_doc},
     {"tree_splice", native_tree_splice, METH_VARARGS, tree_splice_doc},
     {"tree_find", native_tree_find, METH_VARARGS, tree_find_doc},
     {NULL, NULL, 0, NULL},

@@ -131,6 +131,16 @@ def sig_diff(new_blob: Buffer, old_blob: Buffer, /) -> tuple[list[bytes], list[b
         ValueError: a malformed blob.
     """
 
+def sig_splice(old_blob: Buffer, patch: Buffer, gone: list[bytes], /) -> bytes:
+    """``old_blob`` with each row of ``patch`` (signature rows, sorted) in place of its row of
+    that name or added, and the rows named in ``gone`` (sorted) left out (treesplice.c): the
+    row of a directory of which only some children were stat'ed.
+
+    Raises:
+        ValueError: a malformed blob, or ``patch`` or ``gone`` out of order or naming one
+            child in both.
+    """
+
 def tree_splice(old_tree: Buffer, blob: Buffer, added: list[bytes], /) -> bytes:
     """The tree naming exactly the children of the signature ``blob``: the entry of
     ``added`` (encoded, sorted by name) where there is one, else ``old_tree``'s, copied.

@@ -28,7 +28,7 @@ import ctypes
 import errno
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 FAN_CLOEXEC = 0x1
 FAN_NONBLOCK = 0x2
@@ -157,6 +157,8 @@ class Batch:
     Attributes:
         dirs: handles of directories whose entries changed (a child created, deleted,
             moved, or a child's contents or metadata changed).
+        names: (directory handle, name) of every child an event named: the children of a
+            directory in ``dirs`` that a capture must look at (see ``WalkHint.named``).
         children: (directory handle, name) of directories created, deleted or moved: their
             paths now name another directory (or none), so what was cached there is void.
         selves: handles of directories whose own metadata changed (their parent records it).
@@ -171,6 +173,7 @@ class Batch:
     children: set[tuple[bytes, bytes]]
     selves: set[bytes]
     objects: set[bytes]
+    names: set[tuple[bytes, bytes]] = field(default_factory=set)
     foreign: int = 0
     overflow: bool = False
     events: int = 0
@@ -192,6 +195,7 @@ def decode(buf: bytes, fsid: tuple[int, int], into: Batch) -> None:
     end = len(buf)
     meta_size = _META.size
     dirs, children, selves, objects = into.dirs, into.children, into.selves, into.objects
+    names = into.names
     while off + meta_size <= end:
         event_len, vers, _r, meta_len, mask, _fd, _pid = _META.unpack_from(buf, off)
         if vers != METADATA_VERSION or event_len < meta_len:
@@ -235,6 +239,7 @@ def decode(buf: bytes, fsid: tuple[int, int], into: Batch) -> None:
             continue
         if dir_handle is not None and name not in (b"", b"."):
             dirs.add(dir_handle)
+            names.add((dir_handle, name))
             if ondir and dirent:
                 children.add((dir_handle, name))
         elif dir_handle is not None:  # an event on the directory itself

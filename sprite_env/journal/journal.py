@@ -157,6 +157,25 @@ class _Resolved:
     doubt: str = ""
 
 
+@dataclass(slots=True)
+class _Found:
+    """What one epoch's handles resolved to (see :class:`WalkHint`): dirty directories,
+    void paths, the children events named in each directory, and the directories to list
+    whole (an event on the directory itself, or one whose names were not kept)."""
+
+    dirty: set[bytes] = field(default_factory=set)
+    void: set[bytes] = field(default_factory=set)
+    named: dict[bytes, set[bytes]] = field(default_factory=dict)
+    whole: set[bytes] = field(default_factory=set)
+
+    def name(self, rel: bytes, name: bytes) -> None:
+        self.dirty.add(rel)
+        names = self.named.get(rel)
+        if names is None:
+            names = self.named[rel] = set()
+        names.add(name)
+
+
 class Journal:
     """Watches the file system of ``root``; see the module docstring.
 
@@ -322,14 +341,21 @@ class Journal:
             reason = known.doubt
         if not reason:
             try:
-                dirty, void = self._resolve(batch, known)
-                dirty.update(_parent(p) for p in mapped)
+                found = self._resolve(batch, known)
+                for p in mapped:
+                    found.name(_parent(p), _base(p))
             except _Doubt as e:
                 reason = str(e)
         if reason:
             return WalkPlan(None, reason, self._epoch, mapped)
         assert memo is not None
-        hint = WalkHint(frozenset(dirty), frozenset(void), memo)
+        hint = WalkHint(
+            frozenset(found.dirty),
+            frozenset(found.void),
+            memo,
+            named={rel: frozenset(n) for rel, n in found.named.items()},
+            whole=frozenset(found.whole),
+        )
         return WalkPlan(hint, "", self._epoch, mapped)
 
     def commit(self, plan: WalkPlan, memo: WalkMemo) -> None:
@@ -418,35 +444,47 @@ class Journal:
             raise _Doubt("a file's handle resolved to a path that names another file")
         return rel
 
-    def _resolve(self, batch: fan.Batch, known: _Resolved) -> tuple[set[bytes], set[bytes]]:
-        """Turns handles into the dirty and void paths of a hint.
+    def _resolve(self, batch: fan.Batch, known: _Resolved) -> _Found:
+        """Turns handles into the dirty, void and named paths of a hint.
 
         A handle that resolves to nothing (ESTALE, or a removed directory) is dropped: an
         object that is gone is in no directory, and its removal was itself an event in the
         directory that held it (or in one of its ancestors, removed or moved with it).
+
+        Every event on a child names it (``fan.Batch.names``), so a dirty directory's named
+        children are all of its children whose entries can differ from the last capture's;
+        an event on a directory itself (its own metadata, its removal or move: ``selves``)
+        names it in its parent, and walks it whole.
         """
         cache = known.dirs
-        dirty: set[bytes] = set()
-        void: set[bytes] = set()
+        found = _Found()
         for h in batch.dirs:
             rel = self._dir_path(h, cache)
             if rel is not None:
-                dirty.add(rel)
+                found.dirty.add(rel)
+                found.whole.add(rel)  # until its names come below (they always do)
+        for h, name in batch.names:
+            rel = self._dir_path(h, cache)
+            if rel is not None:
+                found.name(rel, name)
+        found.whole.difference_update(found.named)
         for h, name in batch.children:
             rel = self._dir_path(h, cache)
             if rel is not None:
-                dirty.add(rel)
-                void.add(_join(rel, name))
+                found.name(rel, name)
+                found.void.add(_join(rel, name))
         for h in batch.selves:
             rel = self._dir_path(h, cache)
             if rel is not None:
-                dirty.add(rel)
-                dirty.add(_parent(rel))
+                found.dirty.add(rel)
+                found.whole.add(rel)
+                if rel:  # the root's own entry is made from its fstat by every capture
+                    found.name(_parent(rel), _base(rel))
         for h in batch.objects:
             rel = known.objects[h] if h in known.objects else self._object_path(h)
             if rel is not None:
-                dirty.add(_parent(rel))
-        return dirty, void
+                found.name(_parent(rel), _base(rel))
+        return found
 
     def _mounts_under_root(self) -> frozenset[str]:
         root = os.fsdecode(self.root)
@@ -596,3 +634,7 @@ def _join(rel: bytes, name: bytes) -> bytes:
 def _parent(rel: bytes) -> bytes:
     i = rel.rfind(b"/")
     return b"" if i < 0 else rel[:i]
+
+
+def _base(rel: bytes) -> bytes:
+    return rel[rel.rfind(b"/") + 1 :]

@@ -136,8 +136,12 @@ class Harness:
 
     def truth(self) -> ObjectId:
         """The top tree id of a walk that trusts nothing (no files cache)."""
+        return self.truth_result().top_tree
+
+    def truth_result(self) -> CaptureResult:
+        """The capture of a walk that trusts nothing (its tree and its counts)."""
         sink = HashOnlySink(self.store)
-        return capture(self.root, sink, sink.read, {}).top_tree
+        return capture(self.root, sink, sink.read, {})
 
 
 @pytest.fixture

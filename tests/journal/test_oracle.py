@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from sprite_env.journal import Journal
 
 if TYPE_CHECKING:
+    from sprite_env.snapshot.capture import CaptureResult
     from tests.journal.conftest import Harness
 
 NAMES = ["a", "b", "c", "d"]
@@ -239,7 +240,16 @@ def _rounds(data: Any, harness: Harness, world: World, restart_root: str | None)
             harness.journal = Journal(restart_root, views=[world.view])
         r = harness.capture()
         journal_walks += r.walk == "journal"
-        assert r.top_tree == harness.truth(), (r.walk, r.walk_reason)
+        truth = harness.truth_result()
+        assert r.top_tree == truth.top_tree, (r.walk, r.walk_reason)
+        assert _counts(r) == _counts(truth), (r.walk, r.walk_reason)
+
+
+def _counts(r: CaptureResult) -> tuple[int, int, int, int, int]:
+    """What a checkpoint says it holds: the journal's walk counts what it kept unvisited
+    from the last walk's memo, and must say what a full walk says."""
+    s = r.stats
+    return s.files, s.dirs, s.symlinks, s.specials, s.bytes
 
 
 SETTINGS = settings(

@@ -35,8 +35,8 @@ def _counting() -> Iterator[list[int]]:
     real = capture_mod.Capturer._dir_partial
     spliced = [0]
 
-    def counted(self: Any, *args: Any) -> Any:
-        out = real(self, *args)
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = real(self, *args, **kwargs)
         spliced[0] += out is not None
         return out
 

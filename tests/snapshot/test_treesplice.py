@@ -54,6 +54,37 @@ def test_an_equal_poisoned_signature_still_counts_as_changed() -> None:
     assert native.sig_diff(blob, blob) == ([b"f"], [])
 
 
+@settings(max_examples=200)
+@given(
+    old=st.dictionaries(NAMES, SIG, max_size=20),
+    patch=st.dictionaries(NAMES, SIG, max_size=8),
+    gone=st.sets(NAMES, max_size=8),
+)
+def test_sig_splice_is_the_python_merge(
+    old: dict[bytes, Any], patch: dict[bytes, Any], gone: set[bytes]
+) -> None:
+    gone.update(list(old)[:2])  # some of the gone names were there
+    gone -= patch.keys()
+    out = native.sig_splice(dircache.encode_sigs(old), dircache.encode_sigs(patch), sorted(gone))
+    want = {n: s for n, s in old.items() if n not in gone}
+    want.update(patch)
+    assert out == dircache.encode_sigs(want)
+
+
+def test_sig_splice_refuses_what_is_out_of_order() -> None:
+    blob = dircache.encode_sigs({b"a": (1, 2, 3, 4), b"b": (5, 6, 7, 8)})
+    patch = dircache.encode_sigs({b"b": (9, 9, 9, 9)})
+    with pytest.raises(ValueError, match="out of order"):
+        native.sig_splice(blob, patch, [b"b"])  # both looked at and gone
+    with pytest.raises(ValueError, match="out of order"):
+        native.sig_splice(blob, b"", [b"b", b"a"])
+    backwards = patch + dircache.encode_sigs({b"a": (1, 1, 1, 1)})
+    with pytest.raises(ValueError, match="out of order"):
+        native.sig_splice(blob, backwards, [])
+    with pytest.raises(ValueError, match="malformed"):
+        native.sig_splice(blob[:-1], patch, [])
+
+
 def test_a_malformed_blob_is_refused() -> None:
     blob = dircache.encode_sigs({b"name": (1, 2, 3, 4)})
     with pytest.raises(ValueError, match="malformed"):

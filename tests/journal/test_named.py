@@ -1,0 +1,131 @@
+"""A journal-driven capture stats only the children the events named (``_dir_named``), not
+the whole listing of a dirty directory, and still yields the truth and its counts."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from sprite_env.journal import Journal
+from sprite_env.snapshot import capture as capture_mod
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from sprite_env.snapshot.capture import CaptureResult
+    from tests.journal.conftest import Harness
+
+
+@contextlib.contextmanager
+def _listed() -> Iterator[list[int]]:
+    """Counts the directories listed whole by the native scan (``scan_dir``)."""
+    real = capture_mod._scan_dir
+    assert real is not None
+    calls = [0]
+
+    def counted(*args: Any) -> Any:
+        calls[0] += 1
+        return real(*args)
+
+    capture_mod._scan_dir = counted
+    try:
+        yield calls
+    finally:
+        capture_mod._scan_dir = real
+
+
+def _counts(r: CaptureResult) -> tuple[int, int, int, int, int]:
+    s = r.stats
+    return s.files, s.dirs, s.symlinks, s.specials, s.bytes
+
+
+def _check(h: Harness, r: CaptureResult) -> None:
+    truth = h.truth_result()
+    assert r.walk == "journal", r.walk_reason
+    assert r.top_tree == truth.top_tree
+    assert _counts(r) == _counts(truth)
+
+
+def _wide(layer: str, harness_for: Any) -> tuple[Harness, str]:
+    wide = os.path.join(layer, "deep", "er", "wide")
+    os.makedirs(os.path.join(wide, "sub", "subsub"))
+    os.makedirs(os.path.join(layer, "other"))
+    for i in range(300):
+        with open(os.path.join(wide, f"f{i:03}"), "wb") as f:
+            f.write(b"%d\n" % i * 20)
+    os.symlink("f001", os.path.join(wide, "link"))
+    os.mkfifo(os.path.join(wide, "fifo"))
+    with open(os.path.join(layer, "other", "x"), "wb") as f:
+        f.write(b"x\n")
+    time.sleep(0.06)  # past the racy window
+    h = harness_for(layer, Journal(layer))
+    h.capture()  # full: the journal's first
+    h.capture()  # journal-driven, nothing changed: the memo every later one builds on
+    return h, wide
+
+
+def test_a_changed_file_deep_down_lists_no_directory(layer: str, harness_for: Any) -> None:
+    h, wide = _wide(layer, harness_for)
+    try:
+        with open(os.path.join(wide, "f007"), "ab") as f:
+            f.write(b"edit\n")
+        time.sleep(0.06)
+        with _listed() as listed:
+            r = h.capture()
+        _check(h, r)
+        # the root, deep/, deep/er/ and wide/ were walked, each stat'ing one child
+        assert listed[0] == 0
+        assert r.stats.files_read == 1
+    finally:
+        assert h.journal is not None
+        h.journal.close()
+
+
+def test_names_created_removed_retyped_and_chmodded(layer: str, harness_for: Any) -> None:
+    h, wide = _wide(layer, harness_for)
+    try:
+        with open(os.path.join(wide, "new"), "wb") as f:
+            f.write(b"new\n")
+        os.unlink(os.path.join(wide, "f100"))
+        os.chmod(os.path.join(wide, "f200"), 0o600)
+        os.unlink(os.path.join(wide, "f201"))
+        os.mkdir(os.path.join(wide, "f201"))  # a file become a directory
+        with open(os.path.join(wide, "f201", "in"), "wb") as f:
+            f.write(b"in\n")
+        os.unlink(os.path.join(wide, "link"))
+        os.symlink("f002", os.path.join(wide, "link"))
+        os.unlink(os.path.join(wide, "fifo"))
+        with open(os.path.join(wide, "sub", "subsub", "deep"), "wb") as f:
+            f.write(b"deep\n")
+        time.sleep(0.06)
+        with _listed() as listed:
+            r = h.capture()
+        _check(h, r)
+        # wide/f201 is new (a void path: listed whole, as every directory under it);
+        # nothing else is listed
+        assert listed[0] <= 1
+        h.capture()  # and the next one builds on what this one counted
+        os.rename(os.path.join(wide, "sub"), os.path.join(layer, "other", "sub"))
+        time.sleep(0.06)
+        _check(h, h.capture())
+    finally:
+        assert h.journal is not None
+        h.journal.close()
+
+
+def test_a_removed_subtree_is_subtracted_from_the_counts(layer: str, harness_for: Any) -> None:
+    h, wide = _wide(layer, harness_for)
+    try:
+        for name in ("subsub",):
+            os.rmdir(os.path.join(wide, "sub", name))
+        for i in range(0, 300, 3):
+            os.unlink(os.path.join(wide, f"f{i:03}"))
+        time.sleep(0.06)
+        r = h.capture()
+        _check(h, r)
+        assert r.stats.files == 200 + 1  # other/x
+    finally:
+        assert h.journal is not None
+        h.journal.close()
