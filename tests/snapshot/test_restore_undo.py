@@ -9,6 +9,7 @@ after kill -9, and ``store check --read-data`` clean.
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
@@ -19,11 +20,12 @@ import pytest
 
 from sprite_env.checkpoints import Engine
 from sprite_env.checkpoints.verify import verify_store
-from sprite_env.snapshot import frees, preflight
+from sprite_env.snapshot import dircache, frees, preflight
 from sprite_env.snapshot import restore as restore_mod
 from sprite_env.store import codec
 from sprite_env.store.pack import ENTRY, pack_path
 from tests.helpers import trees
+from tests.helpers.opens import ancestors
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -297,3 +299,56 @@ def test_a_damaged_object_among_many_is_named_by_the_check(tmp_path: os.PathLike
             e.check_restore("v0")
         assert "f100" in str(info.value)
         trees.assert_trees_equal(before, root)
+
+
+def test_the_files_cache_refresh_opens_each_directory_once(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refresh opens the directories it scans in walk order, each through its
+    parent's descriptor: a directory above many rewritten ones is opened as often as each
+    of them (once by the walk, once by the refresh's run of it), not once more for every
+    one below it, as when each was opened from the root one component at a time."""
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    deep = "lib/python3.11/site-packages"
+    n = restore_mod.BATCH_FILES + 7
+    trees.build_tree(
+        root,
+        {f"{deep}/p{i}/m/f{j}": trees.File(b"%d %d" % (i, j)) for i in range(n) for j in range(3)},
+    )
+    opens: collections.Counter[str] = collections.Counter()
+    real_open_dir = restore_mod.open_dir
+
+    def open_dir(dirfd: int, name: bytes) -> int:  # every directory the restore opens
+        fd = real_open_dir(dirfd, name)
+        opens[os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), root)] += 1
+        return fd
+
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        c0 = e.create("c0")
+        for i in range(n):
+            with open(os.path.join(root, f"{deep}/p{i}/m/f1"), "ab") as f:
+                f.write(b" edited")
+        live = e.create("live")
+        monkeypatch.setattr(restore_mod, "open_dir", open_dir)
+        rep = restore_mod.restore(root, e.store.read, e.store.read, live.top_tree, c0.top_tree)
+        monkeypatch.undo()
+        assert rep.stats.modified == n
+        rewritten = {f"{deep}/p{i}/m" for i in range(n)}
+        assert set(opens) == {
+            os.fsdecode(p) for p in ancestors({os.fsencode(r) for r in rewritten})
+        } - {""}
+        # the directories scanned, in walk order: the root, the 3 above the packages, each
+        # package and its module directory; a run of BATCH_FILES of them opens its first
+        # one's ancestors, then each of its own directories once
+        runs = -(-(1 + 3 + 2 * n) // restore_mod.BATCH_FILES)
+        for rel, count in opens.items():
+            if rel.count("/") < 3:  # above the packages: the walk, then each run
+                assert count == 1 + runs, (rel, opens)
+            else:  # a package and its module directory: the walk, then the refresh
+                assert count == 1 + 1, (rel, opens)
+        with e.store.catalog.transaction() as db:
+            dircache.save(db, rep.cache_changed, rep.cache_removed)
+        stats: list[object] = []
+        again = e.create("again", progress=lambda _phase, s: stats.append(s))
+        assert stats[-1].files_read == 0  # type: ignore[attr-defined]
+        assert again.top_tree == c0.top_tree
