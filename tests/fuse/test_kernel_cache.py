@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from sprite_env.fuse.operations import NO_OPEN_SUPPORTED
+from sprite_env.snapshot.diff import top_entry
+from sprite_env.snapshot.tree import decode_chunks, decode_tree
 from tests.fuse.mounting import PAGE_CACHE, requires_fuse, wait_until
 
 if TYPE_CHECKING:
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from sprite_env.checkpoints import Engine
+    from sprite_env.ids import ObjectId
     from tests.fuse.mounting import Mounted
 
 pytestmark = [pytest.mark.fuse, requires_fuse, PAGE_CACHE]
@@ -241,3 +244,83 @@ def test_small_files_read_ahead_are_handed_to_the_kernel_and_cost_no_read(
                 cost[rel] = _requests(m)["read"] - before
         assert len(cost) >= len(files) - 3
         assert cost == dict.fromkeys(cost, 0)
+
+
+def _small_dirs(root: str, names: str, count: int = 10) -> dict[str, bytes]:
+    rng = random.Random(11)
+    files: dict[str, bytes] = {}
+    for d in names:
+        os.makedirs(os.path.join(root, d))
+        for i in range(count):
+            files[f"{d}/f{i}"] = rng.randbytes(rng.randrange(1, 30_000))
+    for rel, data in files.items():
+        with open(os.path.join(root, rel), "wb") as f:
+            f.write(data)
+    return files
+
+
+def _file_objects(engine: Engine, directory: str) -> set[ObjectId]:
+    """The objects of the files of ``directory`` (a child of v0's root)."""
+    read = engine.store.read
+    top = top_entry(read, engine.info("v0").top_tree)
+    d = next(e for e in decode_tree(read(top.subtree)) if e.name == directory.encode())
+    return {
+        oid
+        for e in decode_tree(read(d.subtree))
+        for oid, _off, _n in decode_chunks(e.payload)
+        if oid is not None
+    }
+
+
+@needs_patch
+def test_a_walk_that_reads_has_the_files_of_what_it_lists_pushed_before_it_reads_them(
+    root: str, engine: Engine, mount: Callable[..., Mounted]
+) -> None:
+    """Once a file was read, the end of a directory's listing hands its small files to
+    the kernel (no read of theirs reaches the view) and loads the files of the directory
+    a depth-first walk lists next (here ``c``, after ``b``) before it is even listed."""
+    files = _small_dirs(root, "abc")
+    engine.create()
+    c_objects = _file_objects(engine, "c")
+    with mount() as m:
+        assert os.listdir(m.path("v0")) == ["a", "b", "c"]
+        assert len(os.listdir(m.path("v0", "a"))) == 10  # nothing read yet: nothing pushed
+        assert m.call(lambda: m.ops.pages_pushed) == 0
+        with open(m.path("v0", "a", "f0"), "rb") as f:  # the walk reads
+            assert f.read() == files["a/f0"]
+        wait_until(lambda: m.call(lambda: m.ops.pages_pushed) >= 9, what="a's pushes")
+        before = m.call(lambda: m.ops.pages_pushed)
+        assert os.listdir(m.path("v0", "b")) == [f"f{i}" for i in range(10)]
+        wait_until(lambda: m.call(lambda: m.ops.pages_pushed) >= before + 10, what="b's pushes")
+        wait_until(
+            lambda: m.call(lambda: all(m.ops.objects.peek(o) is not None for o in c_objects)),
+            what="c's files to be loaded ahead",
+        )
+        cost: dict[str, int] = {}
+        for i in range(10):
+            rel = f"b/f{i}"
+            held = _in_page_cache(m.path("v0", rel))  # (a drop_caches elsewhere may take it)
+            reads = _requests(m)["read"]
+            with open(m.path("v0", rel), "rb") as f:
+                assert f.read() == files[rel]
+            if held:
+                cost[rel] = _requests(m)["read"] - reads
+        assert len(cost) >= 8
+        assert cost == dict.fromkeys(cost, 0)
+
+
+@needs_patch
+def test_a_walk_that_reads_nothing_loads_no_file(
+    root: str, engine: Engine, mount: Callable[..., Mounted]
+) -> None:
+    """``find`` or ``ls -R`` lists every directory and reads no file: the view loads the
+    trees it lists, never a file's objects, and pushes nothing."""
+    _small_dirs(root, "abc")
+    engine.create()
+    with mount() as m:
+        for _dirpath, _dirnames, filenames in os.walk(m.path("v0")):
+            assert len(filenames) in (0, 10)
+        wait_until(lambda: m.call(lambda: m.ops.trees.loading == 0))
+        assert m.call(lambda: len(m.ops.objects)) == 0
+        assert m.call(lambda: m.ops.pages_pushed) == 0
+        assert _requests(m)["read"] == 0

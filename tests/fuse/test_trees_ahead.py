@@ -63,3 +63,48 @@ def test_subdirectory_trees_are_read_in_one_pin(root: str, engine: Engine, mount
         for name in names:  # and the view serves them from those trees
             assert os.listdir(m.path("v0", "top", name)) == ["f"]
         assert not subtrees & set(source.reads)
+
+
+def _trees(engine: Engine, *path: str) -> dict[str, ObjectId]:
+    """The subtree of each directory under ``path`` in checkpoint v0, by name."""
+    read = engine.store.read
+    entry = top_entry(read, engine.info("v0").top_tree)
+    for name in path:
+        entry = next(e for e in decode_tree(read(entry.subtree)) if e.name == name.encode())
+    return {e.name.decode(): e.subtree for e in decode_tree(read(entry.subtree)) if e.subtree}
+
+
+def test_one_subdirectory_grandchildren_and_later_siblings_are_read_ahead(
+    root: str, engine: Engine, mountpoint: str
+) -> None:
+    """Listing a directory loads its only subdirectory and that one's subdirectories (two
+    levels), and the sibling directories after it: a walk that lists them next finds them
+    in memory (no ``read`` of theirs)."""
+    for rel in ("one/only/deeper/f", "one/only/other/g", "wide/a/x", "wide/b/y", "wide/c/z"):
+        os.makedirs(os.path.join(root, os.path.dirname(rel)), exist_ok=True)
+        with open(os.path.join(root, rel), "w") as f:
+            f.write(rel)
+    engine.create()
+    only = _trees(engine, "one")["only"]
+    below_only = set(_trees(engine, "one", "only").values())
+    wide = _trees(engine, "wide")
+    assert len(below_only) == 2
+    assert len(wide) == 3
+    source = _CountingSource(engine.store, engine.registry)
+    with Mounted(source, mountpoint, ViewConfig()) as m:
+
+        def loaded(trees: set[ObjectId]) -> bool:
+            return bool(m.call(lambda: all(t in m.ops.trees for t in trees)))
+
+        assert os.listdir(m.path("v0", "one")) == ["only"]
+        wait_until(lambda: loaded({only, *below_only}), what="two levels")
+        assert os.listdir(m.path("v0", "wide", "a")) == ["x"]  # b and c are after it
+        wait_until(lambda: loaded(set(wide.values())), what="the later siblings")
+        wait_until(lambda: m.call(lambda: m.ops.trees.loading == 0))
+        assert sorted(os.listdir(m.path("v0", "one", "only"))) == ["deeper", "other"]
+        for name in ("deeper", "other"):
+            assert len(os.listdir(m.path("v0", "one", "only", name))) == 1
+        for name in ("b", "c"):
+            assert len(os.listdir(m.path("v0", "wide", name))) == 1
+        alone = {only, *below_only, *wide.values()} & set(source.reads)
+        assert not alone, "a tree was read on its own, not ahead"
