@@ -442,6 +442,7 @@ class Engine:
                     hint=ep.hint,
                     reread=ep.reread,
                     page_sums=pagesums.Lookup(self.store.catalog),
+                    read_many=self.store.read_many,
                 )
             # The record goes in a pack of its own (a lost trees' pack must not take it
             # along), so the capture's packs are finished here; the one fsync of packs/
@@ -495,6 +496,7 @@ class Engine:
                 hint=ep.hint,
                 reread=ep.reread,
                 page_sums=pagesums.Lookup(self.store.catalog),
+                read_many=self.store.read_many,
             )
             r.walk, r.walk_reason = ep.walked(r)
             w.commit(lambda db: _save_cache(db, r))  # publishes the packs as it fills its rows

@@ -68,6 +68,7 @@ Error handling:
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import errno
 import fnmatch
@@ -335,6 +336,7 @@ class Excludes:
 Progress = Callable[[CaptureStats], None]
 OnWarning = Callable[[CaptureWarning], None]
 ReadTree = Callable[[ObjectId], bytes]
+ReadMany = Callable[[list[ObjectId]], list[bytes]]
 #: A file's page digests as last saved, by path (``pagesums.Lookup``; if it has a method
 #: ``find(path, pieces)``, that is asked for the vector of a given chunk list instead).
 PageSumsLookup = Callable[[bytes], PageSums | None]
@@ -503,6 +505,10 @@ class _Batches:
 #: order) while it is elsewhere, up to this many directories or bytes ahead.
 AHEAD_DIRS = 64
 AHEAD_BYTES = 32 << 20
+#: A narrowed walk's plan (``Capturer._plan``) starts the reads of at most this many
+#: directories before the walk (each native batch holds a descriptor of its directory,
+#: and a process may have only 1,024).
+PLAN_READ_DIRS = 256
 
 
 @dataclass(slots=True)
@@ -771,6 +777,19 @@ class _Done(dict[bytes, tuple[ObjectId, bool]]):
             self[name] = later.result()
 
 
+@dataclass(slots=True)
+class _Looked:
+    """A narrowed directory's named children looked at (``Capturer._look``): the row with
+    their signatures spliced in, their stats, what differs from the old row, and the reads
+    of its changed small files if the plan started them."""
+
+    blob: bytes
+    known: dict[bytes, os.stat_result]
+    changed: list[bytes]
+    removed: list[bytes]
+    batches: _Batches | None = None
+
+
 class Capturer:
     """Captures one tree; see the module docstring. Use :func:`capture`."""
 
@@ -789,8 +808,11 @@ class Capturer:
         reread: frozenset[bytes] = frozenset(),
         page_sums: PageSumsLookup | None = None,
         page_sums_out: dict[bytes, PageSums] | None = None,
+        read_many: ReadMany | None = None,
     ) -> None:
         self.root = root
+        #: Reads many trees in one batch (``ObjectReader.read_many``), or None: one by one.
+        self.read_many = read_many
         #: Where the page digests of big files are looked up (None: never made or used),
         #: and where those this capture makes go (by path; see ``pagesums.py``).
         self.page_sums = page_sums if pagesums.NATIVE else None
@@ -826,6 +848,9 @@ class Capturer:
         self._names: dict[bytes, set[bytes]] | None = None
         self._walk_children: dict[bytes, list[bytes]] = {}
         self._whole: set[bytes] = set()
+        #: What the plan (``_plan``) looked at before the walk, and the old trees it read.
+        self._planned: dict[bytes, _Looked] = {}
+        self._trees: dict[ObjectId, bytes] = {}
         if hint is not None:
             self._set_hint(hint)
         self.kept: set[bytes] = set()  # directories kept on the hint's word, not walked
@@ -961,6 +986,7 @@ class Capturer:
             else:
                 self._prefetch()
                 self._list_tree(fd, st)
+                self._plan(fd)
             self._start_early(fd)
             self._start_big(fd)
             kept = self._reuse(b"")
@@ -987,6 +1013,8 @@ class Capturer:
                 later.close()
             if self._ahead is not None:
                 self._ahead.close()
+            self._planned.clear()  # reads the walk did not take: dropped unread
+            self._trees.clear()
         for rel in self._early:  # read early, then not taken by the walk: not this entry's
             self.page_sums_out.pop(rel, None)
         top_id = self.sink.put(encode_tree([top]), ObjectKind.TREE)
@@ -1308,12 +1336,35 @@ class Capturer:
         assert _sig_diff is not None
         hint = self.hint
         assert hint is not None
-        if rel not in hint.memo.totals:
+        looked = self._planned.pop(rel, None) if self._planned else None
+        if looked is None:
+            looked = self._look(fd, rel, cached, names)
+        if looked is None:
+            return None
+        known = looked.known
+        subdirs = [
+            n
+            for n in self._walk_children.get(rel, ())
+            if n in known and stat.S_ISDIR(known[n].st_mode)
+        ]
+        done = _Done()
+        out = self._dir_partial(
+            fd, rel, cached, looked.blob, subdirs, (0, 0, 0, 0), done, defer, named=looked
+        )
+        return out if out is not None else self._dir_slow(fd, rel, done)
+
+    def _look(self, fd: int, rel: bytes, cached: CachedDir, names: set[bytes]) -> _Looked | None:
+        """The first half of :meth:`_dir_named`: stats the named children of ``rel`` (open
+        at ``fd``) and splices them into its row; None if the directory must be listed."""
+        assert _sig_splice is not None
+        assert _lstat_names is not None
+        assert _sig_diff is not None
+        assert self.hint is not None
+        if rel not in self.hint.memo.totals:
             return None
         known: dict[bytes, os.stat_result] = {}
         gone: list[bytes] = []
         look = sorted(names)
-        blob = cached.stat
         for _ in range(2):  # the second time for racy rows the first splice carried over
             try:
                 stats = _lstat_names(fd, look)
@@ -1333,24 +1384,105 @@ class Capturer:
             patch = dircache.encode_sigs({n: sig_of(st, self.start_ns) for n, st in known.items()})
             try:
                 blob = _sig_splice(cached.stat, patch, sorted(gone))
-                changed, _removed = _sig_diff(blob, cached.stat)
+                changed, removed = _sig_diff(blob, cached.stat)
             except ValueError:
                 return None
             look = [n for n in changed if n not in known and n not in gone]
             if not look:
-                break
-        else:
-            return None
-        subdirs = [
-            n
-            for n in self._walk_children.get(rel, ())
-            if n in known and stat.S_ISDIR(known[n].st_mode)
-        ]
-        done = _Done()
-        out = self._dir_partial(
-            fd, rel, cached, blob, subdirs, (0, 0, 0, 0), done, defer, known=known
+                return _Looked(blob, known, changed, removed)
+        return None
+
+    def _plan(self, root_fd: int) -> None:
+        """Before a narrowed walk: looks at every walked directory's named children
+        (:meth:`_look`), reads their old trees in one batch, and starts reading their
+        changed small files, ``AHEAD_BYTES`` at most, on the native threads.
+
+        Walking, a directory's reads were started when the walk got there and waited for
+        before it left: after the benchmark's agent step, 1,130 directories with about 4
+        changed files each, one directory's reads in flight at a time (the wait was a third
+        of the capture's main thread, py-spy). Started here, they overlap each other and the
+        walk. The walk takes a file's read only with the very stat object it was started
+        for (``_Batches.add``), which is the one :meth:`_dir_named` decides with, so it
+        reads exactly what it would have; what it does not take is dropped unread.
+        """
+        names = self._names
+        if names is None or _read_start is None:
+            return
+        # in walk order (depth first, names sorted), so a parent stays open for its subtree
+        order = sorted(
+            (p for p in self._walk if p not in self._reread_dirs and self._named(p) is not None),
+            key=lambda p: p.split(b"/"),
         )
-        return out if out is not None else self._dir_slow(fd, rel, done)
+        fds: dict[bytes, int] = {b"": root_fd}
+        trees: list[ObjectId] = []
+        budget, batches = AHEAD_BYTES, PLAN_READ_DIRS
+        try:
+            for rel in order:
+                cached = self.cache.get(rel)
+                if cached is None:
+                    continue
+                fd = self._plan_fd(fds, rel)
+                if fd is None:
+                    continue
+                looked = self._look(fd, rel, cached, names.get(rel, set()))
+                if looked is None:
+                    continue
+                self._planned[rel] = looked
+                if looked.changed or looked.removed:
+                    trees.append(cached.tree)
+                if budget > 0 and batches > 0:
+                    started = self._plan_reads(fd, rel, looked)
+                    budget -= started
+                    batches -= started > 0
+        finally:
+            for p, fd in fds.items():
+                if p:
+                    os.close(fd)
+        if trees and self.read_many is not None:
+            # on an error each is read (and fails) where the walk needs it
+            with contextlib.suppress(SpriteError):
+                self._trees = dict(zip(trees, self.read_many(trees), strict=True))
+
+    @staticmethod
+    def _plan_fd(fds: dict[bytes, int], rel: bytes) -> int | None:
+        """``rel`` opened through its parent (the plan goes in sorted order: parents first),
+        closing the directories the plan has left behind."""
+        parent = _parent(rel) if rel else None
+        for p in [p for p in fds if p and p != parent and not rel.startswith(p + b"/")]:
+            os.close(fds.pop(p))
+        if parent is None:
+            return fds[b""]
+        pfd = fds.get(parent)
+        if pfd is None:
+            return None  # its parent could not be opened: the walk meets whatever it is
+        try:
+            fd = os.open(_base(rel), O_DIR, dir_fd=pfd)
+        except OSError:
+            return None
+        fds[rel] = fd
+        return fd
+
+    def _plan_reads(self, fd: int, rel: bytes, looked: _Looked) -> int:
+        """Starts the native reads of ``rel``'s changed small files (what ``_dir_partial``
+        would hand to ``_Batches.add``); returns the bytes started."""
+        items = []
+        for name in looked.changed:
+            st = looked.known.get(name)
+            if st is None or not _batched(st):
+                continue
+            child = _join(rel, name)
+            if child in self.reread:
+                continue
+            items.append((child, name, st))
+        if not items:
+            return 0
+        batches = _Batches(fd, self._start_group, self._collect)
+        try:
+            started = batches.start_ahead(items)
+        except OSError:
+            return 0  # no descriptor to spare, say: the walk starts its own reads
+        looked.batches = batches
+        return started
 
     def _subdir(
         self,
@@ -1406,7 +1538,7 @@ class Capturer:
         counts: tuple[int, int, int, int],
         done: dict[bytes, tuple[ObjectId, bool]],
         defer: bool = False,
-        known: dict[bytes, os.stat_result] | None = None,
+        named: _Looked | None = None,
     ) -> tuple[ObjectId, bool] | _Later | None:
         """A directory that differs from its row, in proportion to what changed in it.
 
@@ -1424,13 +1556,18 @@ class Capturer:
         With ``defer``, a :class:`_Later` if a big file read early is still being read:
         the rest is done when the parent needs this directory's tree.
 
-        ``known``: the children's stats when the blob is not a listing but the old row with
-        the journal's named children spliced in (``_dir_named``); ``subdirs`` are then the
-        walked ones only, and the directory's counts are the memo's less what changed.
+        ``named``: when the blob is not a listing but the old row with the journal's named
+        children spliced in (``_dir_named``): their stats, and reads the plan started;
+        ``subdirs`` are then the walked ones only, and the directory's counts are the
+        memo's less what changed.
         """
         if _sig_diff is None or _tree_splice is None or _tree_find is None:
             return None
-        changed, removed = _sig_diff(blob, cached.stat)
+        known = named.known if named is not None else None
+        if named is not None:
+            changed, removed = named.changed, named.removed
+        else:
+            changed, removed = _sig_diff(blob, cached.stat)
         is_changed = set(changed)
         looked: list[tuple[bytes, bytes, os.stat_result]] = []
         # their stats in one native call that keeps the GIL (issue 11: a stat each from
@@ -1473,13 +1610,19 @@ class Capturer:
                 return None  # replaced since the listing
         if isinstance(done, _Done):
             done.settle()
-        try:
-            old_tree = self.read_tree(cached.tree)
-        except SpriteError:
-            return None
+        old_tree = self._trees.pop(cached.tree, None) if self._trees else None
+        if old_tree is None:
+            try:
+                old_tree = self.read_tree(cached.tree)
+            except SpriteError:
+                return None
         prev_sigs: dict[bytes, Sig] | None = None
         pending: list[_Pending] = []
-        bulk = self._batches(fd)
+        bulk = named.batches if named is not None else None
+        if bulk is not None:
+            bulk.dirfd = fd  # the plan's descriptor is closed (each batch holds a copy)
+        else:
+            bulk = self._batches(fd)
         for name, child, st in looked:
             if stat.S_ISDIR(st.st_mode):  # walked above: its entry anew (its own stat moved)
                 subtree = done[name][0]
@@ -1503,7 +1646,7 @@ class Capturer:
             self._report()
         if bulk is not None:
             bulk.flush()
-        if known is not None:
+        if named is not None:
             narrowed = self._narrowed_counts(rel, old_tree, pending, done, removed)
             if narrowed is None:
                 return self._give_up(pending)
@@ -2436,6 +2579,7 @@ def capture(
     hint: WalkHint | None = None,
     reread: frozenset[bytes] = frozenset(),
     page_sums: PageSumsLookup | None = None,
+    read_many: ReadMany | None = None,
 ) -> CaptureResult:
     """Captures ``root`` into ``sink``.
 
@@ -2455,6 +2599,8 @@ def capture(
             a file changed in place is then compared without reading its old version, and
             every big file read gets new digests (``page_sums`` of the result). None:
             neither.
+        read_many: reads many trees at once (the store's ``read_many``): a walk the
+            journal narrowed reads the old trees of its changed directories in one batch.
 
     Returns:
         The top tree's id, counters, warnings, the files-cache rows and page digests to
@@ -2471,6 +2617,7 @@ def capture(
         progress=progress,
         reread=reread,
         page_sums=page_sums,
+        read_many=read_many,
     )
     reason = ""
     if hint is not None:

@@ -129,3 +129,41 @@ def test_a_removed_subtree_is_subtracted_from_the_counts(layer: str, harness_for
     finally:
         assert h.journal is not None
         h.journal.close()
+
+
+def test_the_changed_files_reads_start_before_the_walk(layer: str, harness_for: Any) -> None:
+    """The plan starts the reads of every narrowed directory's changed small files before
+    the walk; the walk takes each of them (the same stat object), reading none again."""
+    h, wide = _wide(layer, harness_for)
+    taken: list[bytes] = []
+    real = capture_mod._Batches.add
+
+    def add(self: Any, rel: bytes, name: bytes, st: Any) -> Any:
+        slot = self.ready.get(name)
+        if slot is not None and slot.group.items[slot.index][2] is st:
+            taken.append(rel)
+        return real(self, rel, name, st)
+
+    try:
+        for p in ("f010", "f011", "sub/subsub/x"):
+            with open(os.path.join(wide, p), "ab") as f:
+                f.write(b"more\n")
+        with open(os.path.join(layer, "other", "x"), "ab") as f:
+            f.write(b"more\n")
+        time.sleep(0.06)
+        capture_mod._Batches.add = add  # type: ignore[method-assign]
+        try:
+            r = h.capture()
+        finally:
+            capture_mod._Batches.add = real  # type: ignore[method-assign]
+        _check(h, r)
+        assert sorted(taken) == [
+            b"deep/er/wide/f010",
+            b"deep/er/wide/f011",
+            b"deep/er/wide/sub/subsub/x",
+            b"other/x",
+        ]
+        assert r.stats.files_read == 4
+    finally:
+        assert h.journal is not None
+        h.journal.close()
