@@ -352,3 +352,52 @@ def test_the_files_cache_refresh_opens_each_directory_once(
         again = e.create("again", progress=lambda _phase, s: stats.append(s))
         assert stats[-1].files_read == 0  # type: ignore[attr-defined]
         assert again.top_tree == c0.top_tree
+
+
+def test_metadata_only_changes_set_only_what_differs(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries whose metadata alone changed (files touched as git freshens its objects, a
+    mode, an xattr, an owner over a setuid file, a directory's mode) and the directories
+    written into come back exact, and only what differs is set: an mtime alone costs no
+    chown nor chmod (the root, the one directory whose owner changed, and the file whose
+    owner changed are the only ones chowned)."""
+    if os.geteuid() != 0:
+        pytest.skip("chown needs root")
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    spec: trees.Spec = {
+        **{f"objects/{i:02x}/obj": trees.File(b"object %d" % i) for i in range(20)},
+        "bin/tool": trees.File(b"#!/bin/sh\n", mode=0o4755, uid=1000, gid=1000),
+        "etc/conf": trees.File(b"x=1\n", mode=0o644, xattrs={b"user.tag": b"a"}),
+        "etc/key": trees.File(b"secret\n", mode=0o600),
+        "src/mod.py": trees.File(b"print(1)\n"),
+        "share": trees.Dir(mode=0o755),
+        "share/doc": trees.File(b"doc\n"),
+    }
+    trees.build_tree(root, spec)
+    j = os.path.join
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        e.create("c0")
+        before = trees.snapshot_tree(root)
+        for i in range(20):  # git's freshening: the same bytes, a newer mtime
+            os.utime(j(root, f"objects/{i:02x}/obj"), ns=(2_000_000_000_000_000_000,) * 2)
+        os.chown(j(root, "bin/tool"), 0, 0)  # clears setuid
+        os.setxattr(j(root, "etc/conf"), "user.tag", b"b")
+        os.chmod(j(root, "etc/key"), 0o644)
+        with open(j(root, "src/new.py"), "wb") as f:  # a directory written into
+            f.write(b"new\n")
+        os.chmod(j(root, "share"), 0o700)
+        os.chown(j(root, "share"), 1000, 1000)
+        chowned: list[int] = []
+        real_fchown = os.fchown
+
+        def fchown(fd: int, uid: int, gid: int) -> None:
+            chowned.append(fd)
+            real_fchown(fd, uid, gid)
+
+        monkeypatch.setattr(os, "fchown", fchown)
+        rep = e.restore("v0")
+        monkeypatch.undo()
+        trees.assert_trees_equal(before, root)
+        assert rep.stats.meta >= 20 + 3
+        assert len(chowned) == 3, chowned  # the root, bin/tool, share
