@@ -783,6 +783,9 @@ class Engine:
                     trees=self._trees,
                     prefetched=self._kept,
                     frees=frees,
+                    # the rows the live side's capture left: only what the restore
+                    # changes is stat'ed again for the new rows
+                    cached=dircache.CacheView(self.store.catalog),
                 )
             except (SpriteError, OSError) as e:
                 # The layer is partly restored. Keep the intent (so nothing forgets it) but mark

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -22,6 +23,7 @@ from sprite_env.checkpoints import Engine
 from sprite_env.checkpoints.verify import verify_store
 from sprite_env.snapshot import dircache, frees, preflight
 from sprite_env.snapshot import restore as restore_mod
+from sprite_env.snapshot.diff import read_entries
 from sprite_env.store import codec
 from sprite_env.store.pack import ENTRY, pack_path
 from tests.helpers import trees
@@ -401,3 +403,64 @@ def test_metadata_only_changes_set_only_what_differs(
         trees.assert_trees_equal(before, root)
         assert rep.stats.meta >= 20 + 3
         assert len(chowned) == 3, chowned  # the root, bin/tool, share
+
+
+def test_the_refresh_stats_only_what_the_restore_changed(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rewritten directory whose files-cache row is the undo checkpoint's keeps that
+    row's signatures for the entries the restore left alone: only the names it acted on
+    are stat'ed (no directory is scanned whole), and the rows are what a stat of every
+    entry gives, so the next capture reads nothing."""
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    n = restore_mod.BATCH_FILES + 3
+    trees.build_tree(
+        root, {f"d{i}/f{j:02d}": trees.File(b"%d %d" % (i, j)) for i in range(n) for j in range(30)}
+    )
+    time.sleep(dircache.RACY_NS / 1e9 * 1.5)  # past the racy window: c0's rows vouch
+    j = os.path.join
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        c0 = e.create("c0")
+        for i in range(n):
+            with open(j(root, f"d{i}/f01"), "ab") as f:
+                f.write(b" edited")
+            os.unlink(j(root, f"d{i}/f02"))
+            with open(j(root, f"d{i}/new"), "wb") as f:
+                f.write(b"added")
+        time.sleep(dircache.RACY_NS / 1e9 * 1.5)
+        scanned: list[int] = []
+        looked: list[bytes] = []
+        real_scan, real_lstat = restore_mod._scan_dir, restore_mod._lstat_names
+        assert real_lstat is not None
+
+        def scan_dir(fd: int, *args: int) -> tuple[bytes, list[bytes], int, int, int, int, bool]:
+            scanned.append(fd)
+            return real_scan(fd, *args)
+
+        def lstat_names(fd: int, names: list[bytes]) -> list[tuple[int, ...] | None]:
+            looked.extend(names)
+            return real_lstat(fd, names)
+
+        monkeypatch.setattr(restore_mod, "_scan_dir", scan_dir)
+        monkeypatch.setattr(restore_mod, "_lstat_names", lstat_names)
+        rep = e.restore("v0")
+        monkeypatch.undo()
+        assert rep.stats.modified == n
+        assert scanned == []
+        # the edited, the recreated (the added one is removed: nothing to stat), and
+        # every directory below the root (its mtime moved)
+        assert sorted(looked) == sorted([b"f01", b"f02"] * n + [b"d%d" % i for i in range(n)])
+        time.sleep(dircache.RACY_NS / 1e9 * 1.5)
+        now = time.time_ns()
+        rows = dircache.load(e.store.catalog)
+        for rel in [b""] + [b"d%d" % i for i in range(n)]:
+            row = rows[rel]
+            sigs = {
+                name: dircache.sig_of(os.lstat(os.path.join(os.fsencode(root), rel, name)), now)
+                for name in read_entries(e.store.read, row.tree)
+            }
+            assert row.stat == dircache.encode_sigs(sigs), rel
+        stats: list[object] = []
+        again = e.create("again", progress=lambda _phase, s: stats.append(s))
+        assert stats[-1].files_read == 0  # type: ignore[attr-defined]
+        assert again.top_tree == c0.top_tree
