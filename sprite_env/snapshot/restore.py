@@ -823,10 +823,11 @@ class Restorer:
         # are stat'ed and spliced in (``_spliced``). The medium undo's 1,098 directories
         # hold 60k entries, of which it touches about 5k: the full scans (scan_dir with the
         # GIL held for small directories, then each blob decoded to check its names) were
-        # most of the refresh: in process, load 3-6, 0.63-0.86 s scanning whole, 0.11-0.26 s
-        # spliced (the 50 ms racy wait included). An entry changed by someone else since the capture keeps a
-        # signature that no longer matches it: the next capture reads it again (a missed
-        # change costs a read, never a wrong tree), as when its own row is reused.
+        # most of the refresh: in process, load 3-6, 0.63-0.86 s scanning whole, 0.11-0.26
+        # s spliced (the 50 ms racy wait included). An entry changed by someone else since
+        # the capture keeps a signature that no longer matches it: the next capture reads
+        # it again (a missed change costs a read, never a wrong tree), as when its own row
+        # is reused.
         assert self._writers is not None
         synced = sorted(self._synced, key=lambda s: s.rel.split(b"/") if s.rel else [])
         rows: Mapping[bytes, CachedDir] = self.cached if self.cached is not None else {}
