@@ -313,6 +313,46 @@ fail:
     return rc;
 }
 
+/* tree.Kind */
+#define KIND_FILE 1u
+#define KIND_DIR 2u
+#define KIND_SYMLINK 3u
+/* the entry's size field: after name_len, kind, flags, mode, uid, gid, mtime */
+#define ENTRY_SIZE_AT 24u
+
+int tree_counts(const uint8_t *tree, size_t len, uint64_t counts[4], sig_name_fn on_dir,
+                void *ctx)
+{
+    uint32_t count;
+    counts[0] = counts[1] = counts[2] = counts[3] = 0;
+    if (tree_check_head(tree, len, &count) != 0) {
+        return -1;
+    }
+    size_t off = TREE_HEAD;
+    for (uint32_t i = 0; i < count; i++) {
+        const uint8_t *name;
+        size_t nlen, elen;
+        if (tree_entry_at(tree, len, off, &name, &nlen, &elen) != 0) {
+            return -1;
+        }
+        unsigned kind = tree[off + 2];
+        if (kind == KIND_FILE) {
+            counts[0]++;
+            counts[1] += (uint64_t)rd64s(tree + off + ENTRY_SIZE_AT);
+        } else if (kind == KIND_DIR) {
+            if (on_dir(name, nlen, ctx) != 0) {
+                return -2;
+            }
+        } else if (kind == KIND_SYMLINK) {
+            counts[2]++;
+        } else {
+            counts[3]++;
+        }
+        off += elen;
+    }
+    return 0;
+}
+
 int tree_find(const uint8_t *tree, size_t len, const uint8_t *name, size_t nlen,
               size_t *at, size_t *entry_len)
 {

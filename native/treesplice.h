@@ -54,6 +54,12 @@ int tree_check_head(const uint8_t *tree, size_t len, uint32_t *count);
 int tree_splice(const uint8_t *old, size_t old_len, const uint8_t *blob, size_t blob_len,
                 const struct span *add, size_t nadd, uint8_t **out, size_t *out_len);
 
+/* What a tree holds directly: counts[0..3] = regular files, their bytes, symlinks, other
+ * non-directories; on_dir for each subdirectory's name (nonzero stops). Returns 0, -1 if
+ * the tree is malformed, -2 if on_dir stopped it. */
+int tree_counts(const uint8_t *tree, size_t len, uint64_t counts[4], sig_name_fn on_dir,
+                void *ctx);
+
 /* Finds the entry called name in a tree: 0 with its offset and length, 1 if absent,
  * -1 if the tree is malformed. */
 int tree_find(const uint8_t *tree, size_t len, const uint8_t *name, size_t nlen,

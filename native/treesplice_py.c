@@ -1,6 +1,6 @@
 /*
  * treesplice_py.c - the CPython binding of treesplice.c: sig_diff, sig_splice, tree_splice,
- * tree_find.
+ * tree_find, tree_counts.
  *
  * Added to module sprite_env._native by treesplice_add_functions() (called from
  * _native.c's exec slot). Typed stubs: sprite_env/_native.pyi.
@@ -177,6 +177,41 @@ out:
     return result;
 }
 
+static int on_dir(const uint8_t *name, size_t len, void *ctx)
+{
+    return append_name((PyObject *)ctx, name, len);
+}
+
+PyDoc_STRVAR(tree_counts_doc,
+"tree_counts(tree, /) -> (files, bytes, symlinks, specials, dirs)\n--\n\n"
+"What the tree object holds directly: its regular files, their bytes, its symlinks, its\n"
+"other non-directories, and the names of its subdirectories (in order). Raises ValueError\n"
+"for a malformed tree.");
+
+static PyObject *native_tree_counts(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_buffer tree;
+    if (PyObject_GetBuffer(arg, &tree, PyBUF_SIMPLE) != 0) {
+        return NULL;
+    }
+    PyObject *dirs = PyList_New(0);
+    PyObject *result = NULL;
+    uint64_t c[4];
+    if (dirs != NULL) {
+        int rc = tree_counts(tree.buf, (size_t)tree.len, c, on_dir, dirs);
+        if (rc == -1) {
+            PyErr_SetString(PyExc_ValueError, "malformed tree");
+        } else if (rc == 0) {
+            result = Py_BuildValue("(KKKKO)", (unsigned long long)c[0], (unsigned long long)c[1],
+                                   (unsigned long long)c[2], (unsigned long long)c[3], dirs);
+        }
+    }
+    Py_XDECREF(dirs);
+    PyBuffer_Release(&tree);
+    return result;
+}
+
 PyDoc_STRVAR(tree_find_doc,
 "tree_find(tree, name, /) -> bytes | None\n--\n\n"
 "The encoded entry called name in the tree object, or None. Raises ValueError for a\n"
@@ -209,6 +244,7 @@ static PyMethodDef treesplice_methods[] = {
     {"sig_splice", native_sig_splice, METH_VARARGS, sig_splice_doc},
     {"tree_splice", native_tree_splice, METH_VARARGS, tree_splice_doc},
     {"tree_find", native_tree_find, METH_VARARGS, tree_find_doc},
+    {"tree_counts", native_tree_counts, METH_O, tree_counts_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -141,6 +141,14 @@ def sig_splice(old_blob: Buffer, patch: Buffer, gone: list[bytes], /) -> bytes:
             child in both.
     """
 
+def tree_counts(tree: Buffer, /) -> tuple[int, int, int, int, list[bytes]]:
+    """What a tree object holds directly (treesplice.c): its regular files, their bytes, its
+    symlinks, its other non-directories, and its subdirectories' names, in order.
+
+    Raises:
+        ValueError: a malformed tree.
+    """
+
 def tree_splice(old_tree: Buffer, blob: Buffer, added: list[bytes], /) -> bytes:
     """The tree naming exactly the children of the signature ``blob``: the entry of
     ``added`` (encoded, sorted by name) where there is one, else ``old_tree``'s, copied.

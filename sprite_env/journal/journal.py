@@ -454,7 +454,7 @@ class Journal:
         Every event on a child names it (``fan.Batch.names``), so a dirty directory's named
         children are all of its children whose entries can differ from the last capture's;
         an event on a directory itself (its own metadata, its removal or move: ``selves``)
-        names it in its parent, and walks it whole.
+        names it in its parent.
         """
         cache = known.dirs
         found = _Found()
@@ -474,12 +474,14 @@ class Journal:
                 found.name(rel, name)
                 found.void.add(_join(rel, name))
         for h in batch.selves:
+            # its own metadata (attrib), or its own removal or move: its entry is in its
+            # parent, its children are as they were (a move or removal is also a name event
+            # in the parents, which voids the paths). So it is named in its parent only; a
+            # restore, which sets back the mtime of every directory it wrote in, would
+            # otherwise have the next capture list 2.2k directories of medium whole.
             rel = self._dir_path(h, cache)
-            if rel is not None:
-                found.dirty.add(rel)
-                found.whole.add(rel)
-                if rel:  # the root's own entry is made from its fstat by every capture
-                    found.name(_parent(rel), _base(rel))
+            if rel:  # the root's own entry is made from its fstat by every capture
+                found.name(_parent(rel), _base(rel))
         for h in batch.objects:
             rel = known.objects[h] if h in known.objects else self._object_path(h)
             if rel is not None:

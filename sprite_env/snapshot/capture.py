@@ -127,13 +127,15 @@ _sig_diff: Callable[[bytes, bytes], tuple[list[bytes], list[bytes]]] | None
 _sig_splice: Callable[[bytes, bytes, list[bytes]], bytes] | None
 _tree_splice: Callable[[bytes, bytes, list[bytes]], bytes] | None
 _tree_find: Callable[[bytes, bytes], bytes | None] | None
+_tree_counts: Callable[[bytes], tuple[int, int, int, int, list[bytes]]] | None
 try:
     from sprite_env._native import sig_diff as _sig_diff
     from sprite_env._native import sig_splice as _sig_splice
+    from sprite_env._native import tree_counts as _tree_counts
     from sprite_env._native import tree_find as _tree_find
     from sprite_env._native import tree_splice as _tree_splice
 except ImportError:  # without them a changed directory takes the entry-by-entry path
-    _sig_diff = _sig_splice = _tree_splice = _tree_find = None
+    _sig_diff = _sig_splice = _tree_splice = _tree_find = _tree_counts = None
 
 #: (stat_result's fields, bytes, chunk ends, chunk ids, xattr fd) of a file read whole, or
 #: None for the general path: ``read_finish`` in native/bulkread_py.c.
@@ -281,8 +283,8 @@ class WalkHint:
             event on a child names it); None: list every walked directory whole. A walk
             that has them stats only those children and the walked subdirectories (see
             ``Capturer._dir_named``), not the whole listing.
-        whole: dirty directories to list whole all the same (an event on the directory
-            itself, whose own entry its parent records, or a moved or removed one).
+        whole: dirty directories to list whole all the same (none the journal knows of
+            today; a directory dirty with no names is listed whole too).
     """
 
     dirty: frozenset[bytes]
@@ -882,7 +884,13 @@ class Capturer:
                     break
                 p = _parent(p)
         self._names = None
-        if hint.named is None or hint.scanned or _sig_splice is None or _lstat_names is None:
+        if (
+            hint.named is None
+            or hint.scanned
+            or _sig_splice is None
+            or _lstat_names is None
+            or _tree_counts is None
+        ):
             return
         # A walked directory's own entry is in its parent, and moves (a new tree id, an
         # mtime when its listing changed): each is a name its parent must stat. Children of
@@ -1359,9 +1367,6 @@ class Capturer:
         assert _sig_splice is not None
         assert _lstat_names is not None
         assert _sig_diff is not None
-        assert self.hint is not None
-        if rel not in self.hint.memo.totals:
-            return None
         known: dict[bytes, os.stat_result] = {}
         gone: list[bytes] = []
         look = sorted(names)
@@ -1717,43 +1722,48 @@ class Capturer:
         done: dict[bytes, tuple[ObjectId, bool]],
         removed: list[bytes],
     ) -> Totals | None:
-        """The counts of a narrowed directory's subtree (``_dir_named``) without its changed,
-        removed and walked children: the memo's, less what those children held at the last
-        walk (their old entries; a subdirectory's memo counts). The walked subdirectories
-        count themselves and the changed children are counted as read; None if the memo or
-        the old tree cannot say (the directory is then listed)."""
+        """The counts of a narrowed directory's subtree (``_dir_named``) but for its changed,
+        removed and walked children: what its old tree holds directly (``tree_counts``) less
+        those children's old entries, plus the memo's counts of the subdirectories it keeps.
+        The walked subdirectories count themselves and the changed children are counted as
+        read. The old tree, not the memo's count of the directory itself: after a restore
+        the row (the restore's) is newer than the memo (the undo checkpoint's walk), while a
+        kept subdirectory had no event since that walk. None if the memo or the old tree
+        cannot say (the directory is then listed)."""
         assert _tree_find is not None
+        assert _tree_counts is not None
         assert self.hint is not None
         totals = self.hint.memo.totals
-        files, dirs, symlinks, specials, nbytes = totals[rel]
-        dirs -= 1  # the directory itself: counted by _count_narrowed
-        for name in {*(p.name for p in pending), *done, *removed}:
-            try:
-                raw = _tree_find(old_tree, name)
-            except ValueError:
-                return None
-            if raw is None:
-                continue  # new since the last walk
-            old = decode_entry(raw)
-            if old.kind is Kind.DIR:
-                t = totals.get(_join(rel, name))
-                if t is None:
-                    return None
-                files, dirs, symlinks, specials, nbytes = (
-                    files - t[0],
-                    dirs - t[1],
-                    symlinks - t[2],
-                    specials - t[3],
-                    nbytes - t[4],
-                )
-            elif old.kind is Kind.FILE:
+        looked = {*(p.name for p in pending), *done, *removed}
+        try:
+            files, nbytes, symlinks, specials, subdirs = _tree_counts(old_tree)
+            old = [_tree_find(old_tree, name) for name in looked]
+        except ValueError:
+            return None
+        for raw in old:
+            kind = decode_entry(raw) if raw is not None else None  # None: new since then
+            if kind is None or kind.kind is Kind.DIR:
+                continue  # a subdirectory is counted below if kept
+            if kind.kind is Kind.FILE:
                 files -= 1
-                nbytes -= old.size
-            elif old.kind is Kind.SYMLINK:
+                nbytes -= kind.size
+            elif kind.kind is Kind.SYMLINK:
                 symlinks -= 1
             else:
                 specials -= 1
-        if min(files, dirs, symlinks, specials, nbytes) < 0:
+        dirs = 0
+        for name in subdirs:
+            if name in looked:
+                continue  # walked, or no directory any more
+            t = totals.get(_join(rel, name))
+            if t is None:
+                return None
+            files += t[0]
+            dirs += t[1]
+            symlinks += t[2]
+            specials += t[3]
+            nbytes += t[4]
+        if min(files, symlinks, specials, nbytes) < 0:
             return None
         return files, dirs, symlinks, specials, nbytes
 

@@ -201,3 +201,41 @@ def test_a_journal_walk_reads_only_the_rows_it_needs(
         # held (looked up for removed directories): not the 61 rows of the cache
         assert len(view._rows) <= 35
         j.abort(plan)
+
+
+def _counts(engine: Engine, cp: Checkpoint) -> None:
+    sink = HashOnlySink(engine.store)
+    full = capture(engine.root, sink, sink.read, {}, excludes=engine.excludes)
+    assert cp.top_tree == full.top_tree
+    s = full.stats
+    assert (cp.files, cp.dirs, cp.bytes) == (s.files, s.dirs, s.bytes)
+
+
+def test_after_a_restore_the_counts_are_the_layers(layer: str, tmp_path: os.PathLike[str]) -> None:
+    """A restore writes the rows of what it restored, newer than the journal's memo (the
+    undo checkpoint's walk): the next narrowed checkpoint counts from the rows, and says
+    what a full walk says. And the restore sets back directories' own mtimes (events on the
+    directories themselves), which do not make their listings be read whole."""
+    _tree(layer)
+    for i in range(20):
+        write_file(f"{layer}/c/wide{i:02}", b"w" * i)
+    store = os.path.join(os.fspath(tmp_path), "store")
+    with Engine(layer, store) as e, Journal(layer) as j:
+        e.journal = j
+        e.create("v0")
+        e.create("memo")  # the journal's first walk (full); the rest are narrowed
+        time.sleep(0.06)
+        os.unlink(f"{layer}/c/wide03")
+        write_file(f"{layer}/c/new", b"n" * 50)
+        write_file(f"{layer}/a/b/f1", b"changed")
+        os.makedirs(f"{layer}/a/made/deeper")
+        write_file(f"{layer}/a/made/deeper/x", b"x" * 9)
+        step = e.create("step")
+        assert step.walk == "journal"
+        _counts(e, step)
+        e.restore("v0")  # back: wide03 again, no new, no made/
+        time.sleep(0.06)
+        write_file(f"{layer}/c/wide05", b"edit")
+        after = e.create("after")
+        assert after.walk == "journal"
+        _counts(e, after)

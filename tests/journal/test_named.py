@@ -167,3 +167,23 @@ def test_the_changed_files_reads_start_before_the_walk(layer: str, harness_for: 
     finally:
         assert h.journal is not None
         h.journal.close()
+
+
+def test_a_directorys_own_change_is_its_parents_name(layer: str, harness_for: Any) -> None:
+    """chmod, utimes and an xattr on a directory change its entry in its parent, not its
+    listing: nothing is listed whole (a restore sets back the mtime of every directory it
+    wrote in)."""
+    h, wide = _wide(layer, harness_for)
+    try:
+        os.chmod(wide, 0o700)
+        os.utime(os.path.join(wide, "sub"), ns=(1, 1_000_000_000))
+        os.setxattr(os.path.join(layer, "other"), "user.note", b"x")
+        time.sleep(0.06)
+        with _listed() as listed:
+            r = h.capture()
+        _check(h, r)
+        assert listed[0] == 0
+        assert r.stats.files_read == 0
+    finally:
+        assert h.journal is not None
+        h.journal.close()
