@@ -87,7 +87,7 @@ from sprite_env.errors import SnapshotError, SpriteError
 from sprite_env.ids import ObjectId
 from sprite_env.snapshot import dircache, pagesums
 from sprite_env.snapshot.dircache import RACY_NS, CachedDir, Sig, is_racy, sig_of
-from sprite_env.snapshot.fsmeta import O_DIR, proc_path, read_xattrs
+from sprite_env.snapshot.fsmeta import O_DIR, fd_room, proc_path, read_xattrs
 from sprite_env.snapshot.pagesums import PageSums
 from sprite_env.snapshot.tree import (
     INLINE_CHUNKS,
@@ -508,9 +508,10 @@ class _Batches:
 AHEAD_DIRS = 64
 AHEAD_BYTES = 32 << 20
 #: A narrowed walk's plan (``Capturer._plan``) starts the reads of at most this many
-#: directories before the walk (each native batch holds a descriptor of its directory,
-#: and a process may have only 1,024).
-PLAN_READ_DIRS = 256
+#: directories before the walk (the medium step dirties 1,130), each native batch holding
+#: a descriptor of its directory, with ``PLAN_SPARE_FDS`` left to the rest of the daemon.
+PLAN_READ_DIRS = 4096
+PLAN_SPARE_FDS = 1024
 
 
 @dataclass(slots=True)
@@ -1420,7 +1421,7 @@ class Capturer:
         )
         fds: dict[bytes, int] = {b"": root_fd}
         trees: list[ObjectId] = []
-        budget, batches = AHEAD_BYTES, PLAN_READ_DIRS
+        budget, batches = AHEAD_BYTES, fd_room(PLAN_READ_DIRS, PLAN_SPARE_FDS)
         try:
             for rel in order:
                 cached = self.cache.get(rel)

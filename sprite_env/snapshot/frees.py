@@ -27,11 +27,11 @@ before.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import resource
 import threading
 from concurrent.futures import ThreadPoolExecutor
+
+from sprite_env.snapshot.fsmeta import fd_room
 
 #: Descriptors held at most by one restore (the typical undo of the medium layer needs
 #: about 2,400); also never more than the soft limit minus ``SPARE_FDS``.
@@ -50,14 +50,7 @@ _releasing_lock = threading.Lock()
 
 def _room() -> int:
     """How many descriptors may be held, raising the soft limit if that gives more."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = MAX_HELD + SPARE_FDS
-    if soft < want and (hard == resource.RLIM_INFINITY or soft < hard):
-        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
-            soft = new
-    return max(0, min(MAX_HELD, soft - SPARE_FDS))
+    return fd_room(MAX_HELD, SPARE_FDS)
 
 
 class Frees:

@@ -9,9 +9,11 @@ followed when ``follow_symlinks=False``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
+import resource
 import stat
 from typing import TYPE_CHECKING
 
@@ -153,3 +155,17 @@ def set_xattrs(target: int | bytes, want: Xattrs, *, follow: bool = False) -> No
                 os.setxattr(target, k, v)
             else:
                 os.setxattr(target, k, v, follow_symlinks=False)
+
+
+def fd_room(want: int, spare: int) -> int:
+    """How many more descriptors (at most ``want``) a caller may hold while ``spare`` are
+    left to everything else, raising the soft ``RLIMIT_NOFILE`` towards the hard limit if
+    that gives more (a root daemon's soft limit is often 1,024, its hard one far more)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = want + spare
+    if soft < need and (hard == resource.RLIM_INFINITY or soft < hard):
+        new = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            soft = new
+    return max(0, min(want, soft - spare))
