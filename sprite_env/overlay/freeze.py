@@ -152,6 +152,8 @@ def thaw_leftovers() -> list[int]:
         except OSError:
             continue
         for name in names:
+            if _owner_alive(os.path.join(mount, name), name):
+                continue  # another daemon's freeze, in progress: not left by anyone
             group = _Group(mount, v2=kind == "cgroup2", path=os.path.join(mount, name))
             try:
                 with open(os.path.join(group.path, "cgroup.procs")) as f:
@@ -163,6 +165,24 @@ def thaw_leftovers() -> list[int]:
             group.release()
             thawed += pids
     return thawed
+
+
+def _owner_alive(path: str, name: str) -> bool:
+    """True if the process that made the freezer cgroup ``path`` (its pid is in ``name``)
+    still runs: another daemon (of another layer on this machine) holding its writers for
+    a capture's frozen pass, which thawing would break. A process of that pid started after
+    the cgroup was made is another one (the pid was reused): the owner is dead."""
+    try:
+        pid = int(name.rsplit("-", 1)[1])
+        made = os.stat(path).st_mtime
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+    except (ValueError, OSError, IndexError, StopIteration):
+        return False  # no such process (or unreadable): thaw
+    started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
+    return started <= made + 1  # btime has a one-second granularity
 
 
 def _freezer() -> tuple[str, str] | None:
