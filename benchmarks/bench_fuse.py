@@ -8,11 +8,14 @@ Usage::
                                     [--baseline REV] [--freeze] [--out FILE]
 
 The same data is put in each tool once (untimed): a 256 MiB file (half random bytes, half
-text lines; ``--mib``) and a realistic developer layer (``benchmarks/layer.py``, profile
-``small``: a venv, node_modules, a git project, a SQLite database; ``--layer DIR`` for
-another tree). Then, for each workload, the tools take turns (ABC ABC ABC), each run
-starting cold: the tool's mount is started afresh (untimed, so no in-process cache
-survives) and the page cache is dropped (as root). Workloads:
+text lines; ``--mib``) and a realistic developer layer: the small layer of
+``../shared/bench/make_dataset.sh`` (``$BENCH_DATA/small``, default
+``benchmarks/.data/bench-data/small``: 27,026 files, 5,577 directories) when it is built,
+as the other benchmarks use it, else ``benchmarks/layer.py``'s profile ``small`` (a venv,
+node_modules, a git project, a SQLite database); ``--layer DIR`` for another tree. Then,
+for each workload, the tools take turns (ABC ABC ABC), each run starting cold: the tool's
+mount is started afresh (untimed, so no in-process cache survives) and the page cache is
+dropped (as root). Workloads:
 
 - **seq**: ``cat FILE > /dev/null`` of the 256 MiB file.
 - **random**: 2,000 ``pread`` of 64 KiB at random offsets of that file (one seed, so every
@@ -137,6 +140,11 @@ def make_big_file(path: str, mib: int) -> None:
 def pick_layer(given: str | None) -> str:
     if given:
         return os.path.abspath(given)
+    # the small layer of ../shared/bench (make_dataset.sh), as the other benchmarks use:
+    # $BENCH_DATA/small, else benchmarks/.data/bench-data/small
+    shared = os.path.join(os.environ.get("BENCH_DATA", os.path.join(DATA, "bench-data")), "small")
+    if os.path.isdir(shared):
+        return os.path.abspath(shared)
     try:
         import layer  # benchmarks/layer.py: the realistic layer, cached under .data/
 
@@ -499,7 +507,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--reps", type=int, default=3, help="rounds (default 3)")
     parser.add_argument("--mib", type=int, default=256, help="size of the big file (256)")
-    parser.add_argument("--layer", help="tree for diff -r (default: layer.py, small)")
+    parser.add_argument(
+        "--layer", help="tree for diff -r (default: $BENCH_DATA/small if built, else layer.py's)"
+    )
     parser.add_argument("--work", default=os.path.join(DATA, "scratch-fuse"))
     parser.add_argument("--tools", default="sprite-env,restic,borg,disk")
     parser.add_argument("--workloads", default="seq,random,diff,diffwarm")
