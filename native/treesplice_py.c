@@ -69,6 +69,29 @@ static PyObject *native_sig_diff(PyObject *self, PyObject *args)
     return result;
 }
 
+/* The bytes of a list of bytes objects as spans (malloc'ed, the caller frees), valid while
+ * the list is alive and the GIL held; NULL with an exception set (what: for the message). */
+static struct span *spans_of(PyObject *list, const char *what)
+{
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    struct span *spans = calloc((size_t)n + 1u, sizeof *spans);
+    if (spans == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = PyList_GET_ITEM(list, i);
+        if (!PyBytes_Check(e)) {
+            PyErr_Format(PyExc_TypeError, "%s must be bytes", what);
+            free(spans);
+            return NULL;
+        }
+        spans[i].data = (const uint8_t *)PyBytes_AS_STRING(e);
+        spans[i].len = (size_t)PyBytes_GET_SIZE(e);
+    }
+    return spans;
+}
+
 PyDoc_STRVAR(sig_splice_doc,
 "sig_splice(old_blob, patch, gone, /) -> bytes\n--\n\n"
 "The signature blob (dircache.encode_sigs()'s format) of old_blob's rows with each row of\n"
@@ -86,19 +109,9 @@ static PyObject *native_sig_splice(PyObject *self, PyObject *args)
     }
     PyObject *result = NULL;
     Py_ssize_t n = PyList_GET_SIZE(gone);
-    struct span *spans = calloc((size_t)n + 1u, sizeof *spans);
+    struct span *spans = spans_of(gone, "gone names");
     if (spans == NULL) {
-        PyErr_NoMemory();
         goto out;
-    }
-    for (Py_ssize_t k = 0; k < n; k++) {
-        PyObject *e = PyList_GET_ITEM(gone, k);
-        if (!PyBytes_Check(e)) {
-            PyErr_SetString(PyExc_TypeError, "gone names must be bytes");
-            goto out;
-        }
-        spans[k].data = (const uint8_t *)PyBytes_AS_STRING(e);
-        spans[k].len = (size_t)PyBytes_GET_SIZE(e);
     }
     uint8_t *buf = NULL;
     size_t len = 0;
@@ -138,19 +151,9 @@ static PyObject *native_tree_splice(PyObject *self, PyObject *args)
     }
     PyObject *result = NULL;
     Py_ssize_t n = PyList_GET_SIZE(added);
-    struct span *spans = calloc((size_t)n + 1u, sizeof *spans);
+    struct span *spans = spans_of(added, "added entries");
     if (spans == NULL) {
-        PyErr_NoMemory();
         goto out;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *e = PyList_GET_ITEM(added, i);
-        if (!PyBytes_Check(e)) {
-            PyErr_SetString(PyExc_TypeError, "added entries must be bytes");
-            goto out;
-        }
-        spans[i].data = (const uint8_t *)PyBytes_AS_STRING(e);
-        spans[i].len = (size_t)PyBytes_GET_SIZE(e);
     }
     uint8_t *buf = NULL;
     size_t len = 0;

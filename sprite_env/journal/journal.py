@@ -160,13 +160,12 @@ class _Resolved:
 @dataclass(slots=True)
 class _Found:
     """What one epoch's handles resolved to (see :class:`WalkHint`): dirty directories,
-    void paths, the children events named in each directory, and the directories to list
-    whole (an event on the directory itself, or one whose names were not kept)."""
+    void paths, and the children events named in each directory (a dirty directory with
+    no names would be listed whole)."""
 
     dirty: set[bytes] = field(default_factory=set)
     void: set[bytes] = field(default_factory=set)
     named: dict[bytes, set[bytes]] = field(default_factory=dict)
-    whole: set[bytes] = field(default_factory=set)
 
     def name(self, rel: bytes, name: bytes) -> None:
         self.dirty.add(rel)
@@ -354,7 +353,6 @@ class Journal:
             frozenset(found.void),
             memo,
             named={rel: frozenset(n) for rel, n in found.named.items()},
-            whole=frozenset(found.whole),
         )
         return WalkPlan(hint, "", self._epoch, mapped)
 
@@ -461,13 +459,11 @@ class Journal:
         for h in batch.dirs:
             rel = self._dir_path(h, cache)
             if rel is not None:
-                found.dirty.add(rel)
-                found.whole.add(rel)  # until its names come below (they always do)
+                found.dirty.add(rel)  # its names come below (decode keeps both)
         for h, name in batch.names:
             rel = self._dir_path(h, cache)
             if rel is not None:
                 found.name(rel, name)
-        found.whole.difference_update(found.named)
         for h, name in batch.children:
             rel = self._dir_path(h, cache)
             if rel is not None:

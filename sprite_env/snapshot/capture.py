@@ -282,9 +282,8 @@ class WalkHint:
         named: per dirty directory, the children whose entries may have changed (every
             event on a child names it); None: list every walked directory whole. A walk
             that has them stats only those children and the walked subdirectories (see
-            ``Capturer._dir_named``), not the whole listing.
-        whole: dirty directories to list whole all the same (none the journal knows of
-            today; a directory dirty with no names is listed whole too).
+            ``Capturer._dir_named``), not the whole listing; a dirty directory with no
+            names is listed whole.
     """
 
     dirty: frozenset[bytes]
@@ -292,7 +291,6 @@ class WalkHint:
     memo: WalkMemo
     scanned: bool = False
     named: Mapping[bytes, frozenset[bytes]] | None = None
-    whole: frozenset[bytes] = frozenset()
 
 
 @dataclass
@@ -906,7 +904,6 @@ class Capturer:
         self._names = names
         self._whole = {
             *(hint.dirty - hint.named.keys()),
-            *hint.whole,
             *hint.memo.link_dirs,
             *hint.void,
         }
@@ -1340,11 +1337,6 @@ class Capturer:
         named child that is unusual: see ``_dir_partial``; or an old row or tree the
         memo cannot vouch for).
         """
-        assert _sig_splice is not None
-        assert _lstat_names is not None
-        assert _sig_diff is not None
-        hint = self.hint
-        assert hint is not None
         looked = self._planned.pop(rel, None) if self._planned else None
         if looked is None:
             looked = self._look(fd, rel, cached, names)
