@@ -187,3 +187,25 @@ def test_a_directorys_own_change_is_its_parents_name(layer: str, harness_for: An
     finally:
         assert h.journal is not None
         h.journal.close()
+
+
+def test_a_hard_link_made_and_removed_within_an_epoch(layer: str, harness_for: Any) -> None:
+    """``ln``, a change through the new name, ``rm`` of it, all between two checkpoints:
+    the event named the link only, so the file's own name must not be trusted (the oracle
+    found a/b/a's new mtime missed). With or without the reader resolving in between."""
+    h, wide = _wide(layer, harness_for)
+    assert h.journal is not None
+    try:
+        for poll in (False, True):
+            os.link(os.path.join(wide, "f050"), os.path.join(layer, "other", "ln"))
+            if poll:
+                h.journal.poll()  # resolved while the group lives
+            os.utime(os.path.join(layer, "other", "ln"), ns=(10**18, 10**18))
+            os.unlink(os.path.join(layer, "other", "ln"))
+            time.sleep(0.06)
+            r = h.capture()
+            assert r.walk == "full"
+            assert "link" in r.walk_reason
+            assert r.top_tree == h.truth()
+    finally:
+        h.journal.close()
