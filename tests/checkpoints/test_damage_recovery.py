@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 from typing import TYPE_CHECKING
 
@@ -237,6 +238,14 @@ def _flip_index_entry(catalog: str, oid: bytes, pack: int, to: int) -> None:
         f.write(bytes([to]))
 
 
+def _names_catalog_damage(problem: str) -> bool:
+    stopped = problem.startswith("the collection stopped: ") and "catalog" in problem
+    kept = re.fullmatch(
+        r"pack [0-9a-f]{64} kept: the catalog lists \d+ live objects, planned \d+", problem
+    )
+    return stopped or kept is not None
+
+
 def test_a_damaged_catalog_index_does_not_stop_the_store(
     engine: Engine, root: str, tmp_path: os.PathLike[str], expect_log: Callable[[str], None]
 ) -> None:
@@ -261,7 +270,11 @@ def test_a_damaged_catalog_index_does_not_stop_the_store(
     with Engine(root, store_dir) as e:
         rep = e.delete("v0")  # on main: StoreError, then again at every open
         assert rep.problems, rep.problems
-        assert all(p.startswith("the collection stopped: ") for p in rep.problems)
+        # Which of the prune's catalog queries meets the bad entry first depends on the
+        # packs the random data made: the plan's totals (the whole collection stops) or
+        # one pack's object list (that pack is kept). Either names the damage and frees
+        # nothing it cannot prove dead.
+        assert all(_names_catalog_damage(p) for p in rep.problems), rep.problems
     with Engine(root, store_dir) as e:
         assert [c.id for c in e.checkpoints()] == ["v1"]
         _export(e, "v1", os.path.join(base, "v1"))
