@@ -17,7 +17,13 @@ import pytest
 from sprite_env.fuse.operations import NO_OPEN_SUPPORTED
 from sprite_env.snapshot.diff import top_entry
 from sprite_env.snapshot.tree import decode_chunks, decode_tree
-from tests.fuse.mounting import PAGE_CACHE, requires_fuse, wait_until
+from tests.fuse.mounting import (
+    KERNEL_CACHE_ATTEMPTS,
+    PAGE_CACHE,
+    CacheDrops,
+    requires_fuse,
+    wait_until,
+)
 
 if TYPE_CHECKING:
     from collections import Counter
@@ -108,24 +114,28 @@ def test_a_second_walk_is_answered_by_the_kernel(
 ) -> None:
     files = _layer(root)
     engine.create()
-    with mount() as m:
-        assert m.ops.no_open
-        top = m.path("v0")
-        got, links = _walk(top)
-        assert got == files
-        assert links == {"a/link": "f1", "a/b/up": "../d/big"}
-        first = _requests(m)
-        # open and opendir were asked once each (and answered ENOSYS); no release at all
-        assert first["open"] == 1
-        assert first["opendir"] <= 1
-        assert first["release"] == first["releasedir"] == 0
-        assert first["read"] >= 1
-        assert first["readdir"] >= 5
-        assert first["readlink"] == 2
+    for _ in range(KERNEL_CACHE_ATTEMPTS):
+        drops = CacheDrops()
+        with mount() as m:
+            assert m.ops.no_open
+            top = m.path("v0")
+            got, links = _walk(top)
+            assert got == files
+            assert links == {"a/link": "f1", "a/b/up": "../d/big"}
+            first = _requests(m)
+            # open and opendir were asked once each (answered ENOSYS); no release at all
+            assert first["open"] == 1
+            assert first["opendir"] <= 1
+            assert first["release"] == first["releasedir"] == 0
+            assert first["read"] >= 1
+            assert first["readdir"] >= 5
+            assert first["readlink"] == 2
 
-        assert _walk(top) == (files, links)
-        again = _requests(m) - first
-        assert not again, f"the second walk reached the view: {dict(again)}"
+            assert _walk(top) == (files, links)
+            again = _requests(m) - first
+        if not drops.seen:
+            break
+    assert not again, f"the second walk reached the view: {dict(again)}"
 
 
 def test_with_open_a_second_walk_asks_the_view_again(
@@ -135,15 +145,19 @@ def test_with_open_a_second_walk_asks_the_view_again(
     of the second walk reaches the view, though the file pages stay cached."""
     files = _layer(root)
     engine.create()
-    with mount(no_open=False) as m:
-        top = m.path("v0")
-        _walk(top)
-        first = _requests(m)
-        assert _walk(top)[0] == files
-        again = _requests(m) - first
-        assert again["open"] == len(files)
-        assert again["opendir"] == 5  # v0, a, a/b, a/b/c, d
-        assert again["read"] == 0  # keep_cache
+    for _ in range(KERNEL_CACHE_ATTEMPTS):
+        drops = CacheDrops()
+        with mount(no_open=False) as m:
+            top = m.path("v0")
+            _walk(top)
+            first = _requests(m)
+            assert _walk(top)[0] == files
+            again = _requests(m) - first
+        if not drops.seen:
+            break
+    assert again["open"] == len(files)
+    assert again["opendir"] == 5  # v0, a, a/b, a/b/c, d
+    assert again["read"] == 0  # keep_cache
 
 
 @needs_patch
@@ -220,30 +234,30 @@ def test_small_files_read_ahead_are_handed_to_the_kernel_and_cost_no_read(
         f.write(b"tail")
     files["many/f41"] = bytes(100_000) + b"tail"
     engine.create()
-    with mount(no_open=no_open) as m:
-        names = sorted(os.listdir(m.path("v0", "many")))  # the kernel learns the inodes
-        assert names == sorted(os.path.basename(r) for r in files)
-        with open(m.path("v0", "many", "f00"), "rb") as f:
-            assert f.read() == files["many/f00"]
-        wait_until(lambda: m.call(lambda: m.ops.pages_pushed) >= 40, what="the pushes")
-        pushed = [r for r in sorted(files) if r != "many/f00" and files[r]]
-        # Every pushed page is in the kernel's page cache (mincore: no read is sent).
-        cached = [r for r in pushed if _in_page_cache(m.path("v0", r))]
-        missing = set(pushed) - set(cached)
-        assert len(missing) <= 2, f"not in the page cache: {missing}"
-        cost: dict[str, int] = {}
-        for rel in sorted(files):
-            held = _in_page_cache(m.path("v0", rel))
-            before = _requests(m)["read"]
-            with open(m.path("v0", rel), "rb") as f:
-                assert f.read() == files[rel], rel
-            # A page cache drop anywhere on the machine (other tests, a cold benchmark:
-            # ``drop_caches``) may take pages between the push and the read; a file whose
-            # pages the kernel still held must cost no read.
-            if held:
-                cost[rel] = _requests(m)["read"] - before
-        assert len(cost) >= len(files) - 3
-        assert cost == dict.fromkeys(cost, 0)
+    pushed = [r for r in sorted(files) if r != "many/f00" and files[r]]
+    for _ in range(KERNEL_CACHE_ATTEMPTS):
+        drops = CacheDrops()
+        with mount(no_open=no_open) as m:
+            names = sorted(os.listdir(m.path("v0", "many")))  # the kernel learns the inodes
+            assert names == sorted(os.path.basename(r) for r in files)
+            with open(m.path("v0", "many", "f00"), "rb") as f:
+                assert f.read() == files["many/f00"]
+            wait_until(lambda: m.call(lambda: m.ops.pages_pushed) >= 40, what="the pushes")
+            # Every pushed page is in the kernel's page cache (mincore: no read is sent).
+            missing = {r for r in pushed if not _in_page_cache(m.path("v0", r))}
+            cost: dict[str, int] = {}
+            for rel in sorted(files):
+                held = _in_page_cache(m.path("v0", rel))
+                before = _requests(m)["read"]
+                with open(m.path("v0", rel), "rb") as f:
+                    assert f.read() == files[rel], rel
+                if held:  # a file whose pages the kernel held must cost no read
+                    cost[rel] = _requests(m)["read"] - before
+        if not drops.seen:
+            break
+    assert len(missing) <= 2, f"not in the page cache: {missing}"
+    assert len(cost) >= len(files) - 3
+    assert cost == dict.fromkeys(cost, 0)
 
 
 def _small_dirs(root: str, names: str, count: int = 10) -> dict[str, bytes]:
@@ -282,31 +296,37 @@ def test_a_walk_that_reads_has_the_files_of_what_it_lists_pushed_before_it_reads
     files = _small_dirs(root, "abc")
     engine.create()
     c_objects = _file_objects(engine, "c")
-    with mount() as m:
-        assert os.listdir(m.path("v0")) == ["a", "b", "c"]
-        assert len(os.listdir(m.path("v0", "a"))) == 10  # nothing read yet: nothing pushed
-        assert m.call(lambda: m.ops.pages_pushed) == 0
-        with open(m.path("v0", "a", "f0"), "rb") as f:  # the walk reads
-            assert f.read() == files["a/f0"]
-        wait_until(lambda: m.call(lambda: m.ops.pages_pushed) >= 9, what="a's pushes")
-        before = m.call(lambda: m.ops.pages_pushed)
-        assert os.listdir(m.path("v0", "b")) == [f"f{i}" for i in range(10)]
-        wait_until(lambda: m.call(lambda: m.ops.pages_pushed) >= before + 10, what="b's pushes")
-        wait_until(
-            lambda: m.call(lambda: all(m.ops.objects.peek(o) is not None for o in c_objects)),
-            what="c's files to be loaded ahead",
-        )
-        cost: dict[str, int] = {}
-        for i in range(10):
-            rel = f"b/f{i}"
-            held = _in_page_cache(m.path("v0", rel))  # (a drop_caches elsewhere may take it)
-            reads = _requests(m)["read"]
-            with open(m.path("v0", rel), "rb") as f:
-                assert f.read() == files[rel]
-            if held:
-                cost[rel] = _requests(m)["read"] - reads
-        assert len(cost) >= 8
-        assert cost == dict.fromkeys(cost, 0)
+    for _ in range(KERNEL_CACHE_ATTEMPTS):
+        drops = CacheDrops()
+        with mount() as m:
+            assert os.listdir(m.path("v0")) == ["a", "b", "c"]
+            assert len(os.listdir(m.path("v0", "a"))) == 10  # nothing read: nothing pushed
+            assert m.call(lambda: m.ops.pages_pushed) == 0
+            with open(m.path("v0", "a", "f0"), "rb") as f:  # the walk reads
+                assert f.read() == files["a/f0"]
+            wait_until(lambda: m.call(lambda: m.ops.pages_pushed) >= 9, what="a's pushes")
+            before = m.call(lambda: m.ops.pages_pushed)
+            assert os.listdir(m.path("v0", "b")) == [f"f{i}" for i in range(10)]
+            wait_until(
+                lambda n=before + 10: m.call(lambda: m.ops.pages_pushed) >= n, what="b's pushes"
+            )
+            wait_until(
+                lambda: m.call(lambda: all(m.ops.objects.peek(o) is not None for o in c_objects)),
+                what="c's files to be loaded ahead",
+            )
+            cost: dict[str, int] = {}
+            for i in range(10):
+                rel = f"b/f{i}"
+                held = _in_page_cache(m.path("v0", rel))
+                reads = _requests(m)["read"]
+                with open(m.path("v0", rel), "rb") as f:
+                    assert f.read() == files[rel]
+                if held:
+                    cost[rel] = _requests(m)["read"] - reads
+        if not drops.seen:
+            break
+    assert len(cost) >= 8
+    assert cost == dict.fromkeys(cost, 0)
 
 
 @needs_patch
