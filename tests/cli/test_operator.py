@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from sprite_env.client import Client
+from sprite_env.errors import DaemonUnavailable
 from tests.helpers.cli import REPO, run_cli
 from tests.helpers.daemon import write_file
 
@@ -61,7 +62,12 @@ def test_the_unit_starts_a_daemon_with_the_flags_of_its_config(tmp_path: Any) ->
     d = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:
         c = Client(str(state / "api.sock"), wait=60)
-        st = c.status()
+        try:
+            st = c.status()
+        except DaemonUnavailable as e:  # say why: a fresh-clone CI run met this once
+            log.flush()
+            why = (tmp_path / "daemon.log").read_text()
+            raise AssertionError(f"{e}\nthe daemon's exit: {d.poll()}; its log:\n{why}") from None
         assert st["root"] == str(root)
         assert st["auto_interval_s"] == 0
         assert c.create("from the unit")["id"] == "v0"
