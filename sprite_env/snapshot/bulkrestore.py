@@ -558,6 +558,24 @@ def _no_ops(root_fd: int) -> dict[str, object]:
     return {"owner": owner, "umask": _umask(), "xattrs": xattrs}
 
 
+def write_into(dirfd: int, specs: list[_Spec], objects: dict[bytes, bytes]) -> list[int]:
+    """``write_files`` for new files in one existing directory ``dirfd`` of a live layer
+    (``restore.py``'s batches, each of one directory): nothing is known of what a new file
+    gets there but by that directory, so only its owner may be skipped, when the directory
+    hands down the process's own group whatever its setgid bit (as :func:`_no_ops`); the
+    mode is set unless the umask keeps it, and inherited extended attributes are always
+    looked for (a default ACL there also overrides the umask: such a file is returned, and
+    the caller makes its metadata exact).
+
+    Raises:
+        OSError, ValueError: as ``write_files``; the files before the failed one exist.
+    """
+    assert _write_files is not None
+    st = os.fstat(dirfd)
+    owner = (os.geteuid(), os.getegid()) if st.st_gid == os.getegid() else None
+    return _write_files(specs, objects, owner=owner, umask=_umask(), xattrs=True)
+
+
 def restore_into_empty(
     root: bytes,
     read_tree: ReadTree,
