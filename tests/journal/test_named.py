@@ -209,3 +209,39 @@ def test_a_hard_link_made_and_removed_within_an_epoch(layer: str, harness_for: A
             assert r.top_tree == h.truth()
     finally:
         h.journal.close()
+
+
+def test_a_link_made_then_its_first_name_removed_keeps_the_journal(
+    layer: str, harness_for: Any
+) -> None:
+    """``git`` writes each object as ``link(tmp, name)``, then ``unlink(tmp)``: both names
+    are events, and by the capture the file has one link again. The reader resolving the
+    handle while both names lived must not make the capture walk everything (it did, for
+    the benchmark's step); a group that still lives at the capture's start does."""
+    h, wide = _wide(layer, harness_for)
+    assert h.journal is not None
+    objects = os.path.join(layer, "other", "objects")
+    os.mkdir(objects)
+    time.sleep(0.06)
+    h.capture()
+    try:
+        for i in range(3):
+            tmp, final = os.path.join(objects, f"tmp_obj_{i}"), os.path.join(objects, f"o{i}")
+            with open(tmp, "wb") as f:
+                f.write(b"object %d\n" % i)
+            os.link(tmp, final)
+            h.journal.poll()  # resolved while the file has two links
+            os.unlink(tmp)
+        time.sleep(0.06)
+        r = h.capture()
+        _check(h, r)
+        # the same with the second name still there at the capture: a group, walked whole
+        os.link(os.path.join(objects, "o0"), os.path.join(wide, "again"))
+        h.journal.poll()
+        time.sleep(0.06)
+        r = h.capture()
+        assert r.walk == "full"
+        assert "several links" in r.walk_reason
+        assert r.top_tree == h.truth()
+    finally:
+        h.journal.close()
