@@ -242,12 +242,67 @@ static PyObject *native_tree_find(PyObject *self, PyObject *args)
     return result;
 }
 
+PyDoc_STRVAR(tree_spans_doc,
+"tree_spans(tree, /) -> dict[bytes, bytes]\n--\n\n"
+"The tree object's entries by name, each left encoded (snapshot/tree.py entry_spans).\n"
+"Raises ValueError for a malformed tree (bad magic, truncated, trailing bytes).");
+
+static PyObject *native_tree_spans(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_buffer tree;
+    if (PyObject_GetBuffer(arg, &tree, PyBUF_SIMPLE) != 0) {
+        return NULL;
+    }
+    const uint8_t *buf = tree.buf;
+    size_t len = (size_t)tree.len;
+    uint32_t count = 0;
+    PyObject *out = NULL;
+    if (tree_check_head(buf, len, &count) != 0) {
+        PyErr_SetString(PyExc_ValueError, "malformed tree: bad magic");
+        goto done;
+    }
+    out = PyDict_New();
+    if (out == NULL) {
+        goto done;
+    }
+    size_t off = TREE_HEAD_BYTES;
+    for (uint32_t i = 0; i < count; i++) {
+        const uint8_t *name;
+        size_t nlen, elen;
+        if (tree_entry_at(buf, len, off, &name, &nlen, &elen) != 0) {
+            PyErr_SetString(PyExc_ValueError, "malformed tree: truncated");
+            goto fail;
+        }
+        PyObject *k = PyBytes_FromStringAndSize((const char *)name, (Py_ssize_t)nlen);
+        PyObject *v = k ? PyBytes_FromStringAndSize((const char *)buf + off, (Py_ssize_t)elen) : NULL;
+        int rc = v ? PyDict_SetItem(out, k, v) : -1;
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+        if (rc != 0) {
+            goto fail;
+        }
+        off += elen;
+    }
+    if (off != len) {
+        PyErr_SetString(PyExc_ValueError, "malformed tree: trailing bytes");
+        goto fail;
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    PyBuffer_Release(&tree);
+    return out;
+}
+
 static PyMethodDef treesplice_methods[] = {
     {"sig_diff", native_sig_diff, METH_VARARGS, sig_diff_doc},
     {"sig_splice", native_sig_splice, METH_VARARGS, sig_splice_doc},
     {"tree_splice", native_tree_splice, METH_VARARGS, tree_splice_doc},
     {"tree_find", native_tree_find, METH_VARARGS, tree_find_doc},
     {"tree_counts", native_tree_counts, METH_O, tree_counts_doc},
+    {"tree_spans", native_tree_spans, METH_O, tree_spans_doc},
     {NULL, NULL, 0, NULL},
 };
 

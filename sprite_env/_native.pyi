@@ -149,6 +149,13 @@ def tree_counts(tree: Buffer, /) -> tuple[int, int, int, int, list[bytes]]:
         ValueError: a malformed tree.
     """
 
+def tree_spans(tree: Buffer, /) -> dict[bytes, bytes]:
+    """A tree object's entries by name, each left encoded (``tree.entry_spans``, in C).
+
+    Raises:
+        ValueError: a malformed tree (bad magic, truncated, trailing bytes).
+    """
+
 def tree_splice(old_tree: Buffer, blob: Buffer, added: list[bytes], /) -> bytes:
     """The tree naming exactly the children of the signature ``blob``: the entry of
     ``added`` (encoded, sorted by name) where there is one, else ``old_tree``'s, copied.

@@ -24,10 +24,13 @@ from sprite_env.snapshot.tree import (
     decode_tree,
     encode_entry,
     entry_spans,
+    entry_spans_py,
 )
 from tests.helpers import trees
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from sprite_env.ids import ObjectId
 
 
@@ -40,7 +43,14 @@ def _all_trees(e: Engine, top: bytes) -> list[bytes]:
     return out
 
 
-def test_spans_are_the_encoded_entries(tmp_path: os.PathLike[str]) -> None:
+#: entry_spans (in C where built) and its Python twin, the C one's oracle
+SPANS = pytest.mark.parametrize("spans_of", [entry_spans, entry_spans_py], ids=["c", "py"])
+
+
+@SPANS
+def test_spans_are_the_encoded_entries(
+    tmp_path: os.PathLike[str], spans_of: Callable[[bytes], dict[bytes, bytes]]
+) -> None:
     root = os.path.join(os.fspath(tmp_path), "layer")
     trees.build_tree(root, trees.sample_spec())
     with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
@@ -48,7 +58,7 @@ def test_spans_are_the_encoded_entries(tmp_path: os.PathLike[str]) -> None:
     assert len(blobs) > 3
     for blob in blobs:
         decoded = decode_tree(blob)
-        spans = entry_spans(blob)
+        spans = spans_of(blob)
         assert list(spans) == [x.name for x in decoded]
         assert spans == {x.name: encode_entry(x) for x in decoded}
         assert [decode_entry(raw) for raw in spans.values()] == decoded
@@ -63,13 +73,33 @@ def test_spans_are_the_encoded_entries(tmp_path: os.PathLike[str]) -> None:
         lambda b: b[:20],  # cut inside an entry header
     ],
 )
-def test_a_damaged_tree_is_corrupt(tmp_path: os.PathLike[str], damage: object) -> None:
+@SPANS
+def test_a_damaged_tree_is_corrupt(
+    tmp_path: os.PathLike[str], damage: object, spans_of: Callable[[bytes], dict[bytes, bytes]]
+) -> None:
     root = os.path.join(os.fspath(tmp_path), "layer")
     trees.build_tree(root, {"a": trees.File(b"x"), "b": trees.File(b"y")})
     with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
         (blob,) = [b for b in _all_trees(e, e.create("a").top_tree) if b.startswith(MAGIC)]
     with pytest.raises(CorruptObject):
-        entry_spans(damage(blob))  # type: ignore[operator]
+        spans_of(damage(blob))  # type: ignore[operator]
+
+
+def test_the_c_spans_refuse_every_cut_and_equal_the_python_ones(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """Every tree of the sample layer (xattrs, links, symlinks, devices, holes, non-UTF-8
+    names), whole and cut short at every byte: the same spans, or both refuse it."""
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    trees.build_tree(root, trees.sample_spec())
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        blobs = _all_trees(e, e.create("a").top_tree)
+    for blob in blobs:
+        assert entry_spans(blob) == entry_spans_py(blob)
+        for cut in range(len(blob)):
+            for f in (entry_spans, entry_spans_py):
+                with pytest.raises(CorruptObject):
+                    f(blob[:cut])
 
 
 def test_a_diff_decodes_only_the_entries_that_differ(tmp_path: os.PathLike[str]) -> None:
