@@ -5,7 +5,6 @@ and it writes its files in batches through the native writer."""
 from __future__ import annotations
 
 import os
-import struct
 import tempfile
 from typing import TYPE_CHECKING
 
@@ -19,6 +18,7 @@ from sprite_env.snapshot.restore import restore
 from sprite_env.snapshot.tree import encode_chunks
 from sprite_env.store.codec import object_id
 from tests.helpers import trees
+from tests.helpers.acl import DEFAULT_ACL, inherits_acls
 from tests.helpers.strategies import trees as tree_specs
 
 if TYPE_CHECKING:
@@ -104,25 +104,9 @@ def test_inherited_xattrs_are_removed(layer: tuple[str, Engine], tmp_path: objec
     engine.create()
     dest = os.path.join(os.fspath(tmp_path), "out")  # type: ignore[call-overload]
     os.mkdir(dest)
-    # system.posix_acl_default: version 2, then (tag, perm, id) entries: user::rwx,
-    # group::r-x, other::r-x, and a named user 1234 with rwx plus the mask it needs
-    acl = struct.pack("<I", 2) + b"".join(
-        struct.pack("<HHI", tag, perm, ident)
-        for tag, perm, ident in [
-            (0x01, 7, 0xFFFFFFFF),
-            (0x02, 7, 1234),
-            (0x04, 5, 0xFFFFFFFF),
-            (0x10, 7, 0xFFFFFFFF),
-            (0x20, 5, 0xFFFFFFFF),
-        ]
-    )
-    os.setxattr(dest, b"system.posix_acl_default", acl)
-    probe = os.path.join(dest, "probe")
-    with open(probe, "wb"):
-        pass
-    if not os.listxattr(probe):
+    os.setxattr(dest, b"system.posix_acl_default", DEFAULT_ACL)
+    if not inherits_acls(dest):
         pytest.skip("no ACL inheritance on this file system")
-    os.unlink(probe)
     engine.export("v0", dest)
     for p in ("a", "d", "d/b"):
         assert os.listxattr(os.path.join(dest, p), follow_symlinks=False) == [], p

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import os
-import struct
 from typing import TYPE_CHECKING
 
 import pytest
@@ -19,24 +18,12 @@ from sprite_env.checkpoints.verify import verify_store
 from sprite_env.snapshot import bulkrestore
 from sprite_env.snapshot import restore as restore_mod
 from tests.helpers import trees
+from tests.helpers.acl import DEFAULT_ACL, inherits_acls
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
 pytestmark = pytest.mark.skipif(not bulkrestore.available(), reason="built without write_files")
-
-#: system.posix_acl_default: user::rwx, a named user 1234 rwx, group::r-x, mask rwx,
-#: other::r-x (version 2, then (tag, perm, id) entries)
-ACL = struct.pack("<I", 2) + b"".join(
-    struct.pack("<HHI", tag, perm, ident)
-    for tag, perm, ident in [
-        (0x01, 7, 0xFFFFFFFF),
-        (0x02, 7, 1234),
-        (0x04, 5, 0xFFFFFFFF),
-        (0x10, 7, 0xFFFFFFFF),
-        (0x20, 5, 0xFFFFFFFF),
-    ]
-)
 
 
 @pytest.fixture
@@ -53,7 +40,7 @@ def _spec() -> trees.Spec:
         "shared": trees.Dir(mode=0o2775, gid=4321),
         "shared/a": trees.File(b"a" * 3000, mode=0o644, uid=0, gid=0),
         "shared/b": trees.File(b"b" * 10, mode=0o640, uid=1000, gid=4321),
-        "acl": trees.Dir(mode=0o755, xattrs={b"system.posix_acl_default": ACL}),
+        "acl": trees.Dir(mode=0o755, xattrs={b"system.posix_acl_default": DEFAULT_ACL}),
         "acl/plain": trees.File(b"p" * 5000, mode=0o600),
         "acl/tagged": trees.File(b"t", mode=0o644, xattrs={b"user.k": b"v"}),
         "bits/setuid": trees.File(b"#!/bin/sh\n", mode=0o4755, mtime_ns=1_600_000_000_000_000_001),
@@ -77,22 +64,12 @@ def _step(root: str) -> None:
         f.write(b"new")
 
 
-def _inherits_acls(d: str) -> bool:
-    probe = os.path.join(d, "probe")
-    with open(probe, "wb"):
-        pass
-    try:
-        return bool(os.listxattr(probe))
-    finally:
-        os.unlink(probe)
-
-
 def test_new_files_in_live_directories_end_exact(
     layer: tuple[str, Engine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root, engine = layer
     trees.build_tree(root, _spec())
-    if not _inherits_acls(os.path.join(root, "acl")):
+    if not inherits_acls(os.path.join(root, "acl")):
         pytest.skip("no ACL inheritance on this file system")
     before = trees.snapshot_tree(root)
     engine.create()
