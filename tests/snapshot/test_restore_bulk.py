@@ -22,18 +22,8 @@ from tests.helpers.acl import DEFAULT_ACL, inherits_acls
 from tests.helpers.strategies import trees as tree_specs
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from sprite_env.ids import ObjectId
     from tests.helpers.trees import Node
-
-
-@pytest.fixture
-def layer(tmp_path: os.PathLike[str]) -> Iterator[tuple[str, Engine]]:
-    root = os.path.join(os.fspath(tmp_path), "layer")
-    os.mkdir(root)
-    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
-        yield root, e
 
 
 def _both(engine: Engine, cid: str, where: str) -> tuple[str, str, object, object]:
@@ -49,11 +39,13 @@ def _both(engine: Engine, cid: str, where: str) -> tuple[str, str, object, objec
     return bulk, slow, stats, res.stats
 
 
-def test_the_sample_tree_is_exported_exactly(layer: tuple[str, Engine], tmp_path: object) -> None:
+def test_the_sample_tree_is_exported_exactly(
+    engine_layer: tuple[str, Engine], tmp_path: object
+) -> None:
     """Every feature: hard links across directories, devices, FIFOs, whiteouts, sparse
     files (holes kept), xattrs of every namespace, special mode bits, owners, ns mtimes,
     non-UTF-8 names, directory mtimes (set after their contents)."""
-    root, engine = layer
+    root, engine = engine_layer
     trees.build_tree(root, trees.sample_spec())
     engine.create()
     where = os.path.join(os.fspath(tmp_path), "out")  # type: ignore[call-overload]
@@ -65,10 +57,10 @@ def test_the_sample_tree_is_exported_exactly(layer: tuple[str, Engine], tmp_path
 
 
 def test_an_export_writes_files_in_native_batches(
-    layer: tuple[str, Engine], tmp_path: object, monkeypatch: pytest.MonkeyPatch
+    engine_layer: tuple[str, Engine], tmp_path: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """500 small files in 3 directories: a handful of native calls, not one per file."""
-    root, engine = layer
+    root, engine = engine_layer
     for d in range(3):
         os.mkdir(os.path.join(root, f"d{d}"))
         for i in range(500 // 3):
@@ -96,10 +88,10 @@ def test_an_export_writes_files_in_native_batches(
     assert len(calls) <= 6
 
 
-def test_inherited_xattrs_are_removed(layer: tuple[str, Engine], tmp_path: object) -> None:
+def test_inherited_xattrs_are_removed(engine_layer: tuple[str, Engine], tmp_path: object) -> None:
     """A default ACL on the destination gives new files and directories ACLs of their own;
     the export leaves exactly the captured xattrs (none here)."""
-    root, engine = layer
+    root, engine = engine_layer
     trees.build_tree(root, {"a": trees.File(b"x", mode=0o640), "d/b": trees.File(b"y")})
     engine.create()
     dest = os.path.join(os.fspath(tmp_path), "out")  # type: ignore[call-overload]
@@ -337,11 +329,11 @@ def test_no_ops_follow_the_destination(tmp_path: object) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to other owners needs root")
 def test_an_export_into_a_setgid_directory_keeps_the_groups(
-    layer: tuple[str, Engine], tmp_path: object
+    engine_layer: tuple[str, Engine], tmp_path: object
 ) -> None:
     """A setgid destination of group 1234 would give every new file that group: files of
     group 0 are still exported with it, under a umask that clears some of their bits."""
-    root, engine = layer
+    root, engine = engine_layer
     trees.build_tree(
         root,
         {

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sprite_env.checkpoints import Engine
 from sprite_env.checkpoints.engine import RestoreFailed
 from sprite_env.checkpoints.verify import verify_store
 from sprite_env.snapshot import bulkrestore
@@ -21,17 +20,9 @@ from tests.helpers import trees
 from tests.helpers.acl import DEFAULT_ACL, inherits_acls
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from sprite_env.checkpoints import Engine
 
 pytestmark = pytest.mark.skipif(not bulkrestore.available(), reason="built without write_files")
-
-
-@pytest.fixture
-def layer(tmp_path: os.PathLike[str]) -> Iterator[tuple[str, Engine]]:
-    root = os.path.join(os.fspath(tmp_path), "layer")
-    os.mkdir(root)
-    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
-        yield root, e
 
 
 def _spec() -> trees.Spec:
@@ -65,9 +56,9 @@ def _step(root: str) -> None:
 
 
 def test_new_files_in_live_directories_end_exact(
-    layer: tuple[str, Engine], monkeypatch: pytest.MonkeyPatch
+    engine_layer: tuple[str, Engine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    root, engine = layer
+    root, engine = engine_layer
     trees.build_tree(root, _spec())
     if not inherits_acls(os.path.join(root, "acl")):
         pytest.skip("no ACL inheritance on this file system")
@@ -98,12 +89,12 @@ def test_new_files_in_live_directories_end_exact(
 
 @pytest.mark.parametrize("at", [0, 1])
 def test_a_native_call_that_fails_leaves_nothing_and_the_python_way_writes(
-    layer: tuple[str, Engine], monkeypatch: pytest.MonkeyPatch, at: int
+    engine_layer: tuple[str, Engine], monkeypatch: pytest.MonkeyPatch, at: int
 ) -> None:
     """``write_files`` stops at the first file that fails, those before it written: the
     restore removes them and writes the batch file by file (which names the file that
     fails when it is the file system's fault; here it was the native call's)."""
-    root, engine = layer
+    root, engine = engine_layer
     trees.build_tree(root, {f"d/f{i}": trees.File(b"%d" % i * 100, mode=0o640) for i in range(5)})
     before = trees.snapshot_tree(root)
     engine.create()
@@ -137,12 +128,12 @@ def test_a_native_call_that_fails_leaves_nothing_and_the_python_way_writes(
 
 
 def test_a_restore_failing_after_its_native_batch_leaves_no_temporary_name(
-    layer: tuple[str, Engine], monkeypatch: pytest.MonkeyPatch
+    engine_layer: tuple[str, Engine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A fault after the first file of a batch is renamed into place: the batch's other
     files, written under temporary names, are removed; the restore asked again finishes
     (a second restore in the same process never meets a name of the first)."""
-    root, engine = layer
+    root, engine = engine_layer
     trees.build_tree(root, {f"d/f{i}": trees.File(b"%d" % i * 100) for i in range(6)})
     before = trees.snapshot_tree(root)
     engine.create()
