@@ -160,9 +160,12 @@ def test_processes_a_killed_daemon_left_frozen_are_thawed_at_start(
         proc.wait()
 
 
-def test_a_live_daemons_freeze_is_not_thawed(tmp_path: Any) -> None:
+def test_a_live_daemons_freeze_is_not_thawed(tmp_path: Any, expect_log: Any) -> None:
     """Another daemon on the machine (another layer's) in its frozen pass: a daemon
     starting meanwhile leaves its cgroup alone (two test processes met this way)."""
+    # A leftover whose maker is dead may be there too, and is thawed: the other test
+    # process's killed-daemon test makes one (a fresh-clone CI run met it here).
+    expect_log(r"thawing \d+ processes a previous daemon left frozen")
     counter = tmp_path / "count"
     proc = subprocess.Popen(
         ["sh", "-c", f"i=0; while true; do i=$((i+1)); echo $i > {counter}; sleep 0.01; done"]
@@ -170,7 +173,7 @@ def test_a_live_daemons_freeze_is_not_thawed(tmp_path: Any) -> None:
     try:
         with freeze.frozen(lambda: [proc.pid]):
             before = counter.read_text()
-            assert freeze.thaw_leftovers() == []
+            assert proc.pid not in freeze.thaw_leftovers()
             time.sleep(0.2)
             assert counter.read_text() == before  # still frozen
         time.sleep(0.2)
