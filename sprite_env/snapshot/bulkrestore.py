@@ -371,18 +371,11 @@ class BulkRestorer:
                 raise SnapshotError(f"cannot restore a file: {err}") from None
         for k, (d, e) in enumerate(files):
             if e.xattrs or k in fix:  # xattrs to set, or inherited ones to remove
-                self._fix_meta(d.fd, e)
+                fix_new_meta(d.fd, e.name, e)
         if failed is not None:
             raise failed
         with self._lock:
             self.stats.bytes_written += b.data
-
-    def _fix_meta(self, dfd: int, e: TreeEntry) -> None:
-        fd = os.open(e.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-        try:
-            apply_meta(dfd, e.name, stat.S_IFREG, e.mode, e.uid, e.gid, e.mtime_ns, e.xattrs, fd=fd)
-        finally:
-            os.close(fd)
 
     def _write_big(self, dfd: int, e: TreeEntry) -> None:
         pieces = decode_chunks(self.read_tree(ObjectId(e.payload)))
@@ -549,13 +542,29 @@ def _no_ops(root_fd: int) -> dict[str, object]:
     (a default ACL) only if the root has some. Skipping chown, chmod and listxattr where
     they change nothing took 3 of the 7 system calls of most small files (medium bench
     layer: fchown 127k -> 24k, fchmod 127k -> 24k, flistxattr 127k -> 17k, directories')."""
-    st = os.fstat(root_fd)
-    owner = (os.geteuid(), os.getegid()) if st.st_gid == os.getegid() else None
+    owner = _new_files_owner(os.fstat(root_fd))
     try:
         xattrs = bool(os.listxattr(root_fd))
     except OSError as e:  # ENOTSUP: no extended attributes here at all, none to inherit
         xattrs = e.errno != errno.ENOTSUP
     return {"owner": owner, "umask": _umask(), "xattrs": xattrs}
+
+
+def fix_new_meta(dfd: int, name: bytes, e: TreeEntry) -> None:
+    """Makes the metadata of the file ``name`` that ``write_files`` just made in ``dfd``
+    exactly ``e``'s (its xattrs set, inherited ones removed), through its descriptor."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    try:
+        apply_meta(dfd, name, stat.S_IFREG, e.mode, e.uid, e.gid, e.mtime_ns, e.xattrs, fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _new_files_owner(dir_st: os.stat_result) -> tuple[int, int] | None:
+    """The (uid, gid) a file made now in the directory ``dir_st`` gets, if that is known:
+    its user is the process's, its group the process's or, setgid (or ``grpid``), the
+    directory's; known only when the two are the same."""
+    return (os.geteuid(), os.getegid()) if dir_st.st_gid == os.getegid() else None
 
 
 def write_into(dirfd: int, specs: list[_Spec], objects: dict[bytes, bytes]) -> list[int]:
@@ -571,8 +580,7 @@ def write_into(dirfd: int, specs: list[_Spec], objects: dict[bytes, bytes]) -> l
         OSError, ValueError: as ``write_files``; the files before the failed one exist.
     """
     assert _write_files is not None
-    st = os.fstat(dirfd)
-    owner = (os.geteuid(), os.getegid()) if st.st_gid == os.getegid() else None
+    owner = _new_files_owner(os.fstat(dirfd))
     return _write_files(specs, objects, owner=owner, umask=_umask(), xattrs=True)
 
 

@@ -489,46 +489,44 @@ class Restorer:
         (damage: the batch is read file by file) and anything ``write_files`` refuses go
         the Python way, which names the file that fails.
         """
-        ready: dict[int, list[tuple[_Place, bytes]]] = {}  # by directory (one, usually)
+        # by directory (one, usually): each with its temporary name and its data's bytes
+        ready: dict[int, list[tuple[_Place, bytes, int]]] = {}
         for p in places:
-            if all(oid is None or oid in ahead for oid, _o, _n in decode_chunks(p[3].payload)):
-                ready.setdefault(p[0], []).append((p, self._tmp_name()))
+            pieces = decode_chunks(p[3].payload)
+            if all(oid is None or oid in ahead for oid, _o, _n in pieces):
+                data = sum(n for oid, _o, n in pieces if oid is not None)
+                ready.setdefault(p[0], []).append((p, self._tmp_name(), data))
             else:
                 self._place(*p)
         for fd, files in ready.items():
             self._place_in(fd, files, ahead)
 
     def _place_in(
-        self, fd: int, files: list[tuple[_Place, bytes]], ahead: dict[ObjectId, bytes]
+        self, fd: int, files: list[tuple[_Place, bytes, int]], ahead: dict[ObjectId, bytes]
     ) -> None:
         specs = [
-            (fd, tmp, e.mode, e.uid, e.gid, e.mtime_ns, e.payload) for (_f, _n, _p, e), tmp in files
+            (fd, tmp, e.mode, e.uid, e.gid, e.mtime_ns, e.payload)
+            for (_f, _n, _p, e), tmp, _data in files
         ]
         try:
             fix = set(bulkrestore.write_into(fd, specs, ahead))  # type: ignore[arg-type]
         except (OSError, ValueError):
-            for _p, tmp in files:  # those before the one that failed
+            for _p, tmp, _data in files:  # those before the one that failed
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp, dir_fd=fd)
-            for p, _tmp in files:
+            for p, _tmp, _data in files:
                 self._place(*p)
             return
-        for k, ((_f, name, path, e), tmp) in enumerate(files):
+        for k, ((_f, name, path, e), tmp, data) in enumerate(files):
             try:
                 if e.xattrs or k in fix:  # xattrs to set, or inherited ones to remove
-                    out = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-                    try:
-                        self._apply_meta_to(fd, tmp, out, e)
-                    finally:
-                        os.close(out)
+                    bulkrestore.fix_new_meta(fd, tmp, e)
                 self._rename_over(fd, tmp, name, path)
                 with self._lock:
-                    self.stats.bytes_written += sum(
-                        n for oid, _o, n in decode_chunks(e.payload) if oid is not None
-                    )
+                    self.stats.bytes_written += data
                 crashpoint("restore-entry-written")
             except BaseException:  # no temporary name is left behind (this one's is gone)
-                for _p, left in files[k:]:
+                for _p, left, _data in files[k:]:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(left, dir_fd=fd)
                 raise
@@ -654,14 +652,9 @@ class Restorer:
             data, end = placed(chunks)
             self._write_pieces(out, data)
             os.ftruncate(out, end)
-            self._apply_meta_to(fd, tmp, out, e)
+            apply_meta(fd, tmp, stat.S_IFREG, e.mode, e.uid, e.gid, e.mtime_ns, e.xattrs, fd=out)
         finally:
             os.close(out)
-
-    @staticmethod
-    def _apply_meta_to(fd: int, name: bytes, out: int, e: TreeEntry) -> None:
-        """A new file's metadata, through its descriptor ``out``."""
-        apply_meta(fd, name, stat.S_IFREG, e.mode, e.uid, e.gid, e.mtime_ns, e.xattrs, fd=out)
 
     def _link_from(self, fd: int, tmp: bytes, leader: bytes, kind: Kind) -> bool:
         """Hard-links ``tmp`` to the group's first member; False if that is not there."""
