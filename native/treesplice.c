@@ -14,7 +14,6 @@
 #define SIG_ROW 34u
 #define SIG_CTIME 10u
 /* tree._HEAD "<4sI" and tree._ENTRY "<HBBIIIqQQIHHI" */
-#define TREE_HEAD TREE_HEAD_BYTES
 #define ENTRY_HEAD 52u
 #define XATTR_HEAD 6u
 

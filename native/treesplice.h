@@ -43,8 +43,8 @@ int sig_splice(const uint8_t *old_blob, size_t old_len, const uint8_t *patch, si
 int tree_entry_at(const uint8_t *tree, size_t len, size_t off, const uint8_t **name,
                   size_t *nlen, size_t *entry_len);
 
-/* A tree's header: its magic and its entry count; the first entry follows. */
-#define TREE_HEAD_BYTES 8u
+/* A tree's header (tree._HEAD "<4sI"): its magic and entry count; the first entry follows. */
+#define TREE_HEAD 8u
 
 /* Checks a tree's magic; its entry count in *count. -1 if it is no tree. */
 int tree_check_head(const uint8_t *tree, size_t len, uint32_t *count);

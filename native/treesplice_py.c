@@ -266,7 +266,7 @@ static PyObject *native_tree_spans(PyObject *self, PyObject *arg)
     if (out == NULL) {
         goto done;
     }
-    size_t off = TREE_HEAD_BYTES;
+    size_t off = TREE_HEAD;
     for (uint32_t i = 0; i < count; i++) {
         const uint8_t *name;
         size_t nlen, elen;
