@@ -18,10 +18,9 @@ from sprite_env.fuse.operations import NO_OPEN_SUPPORTED
 from sprite_env.snapshot.diff import top_entry
 from sprite_env.snapshot.tree import decode_chunks, decode_tree
 from tests.fuse.mounting import (
-    KERNEL_CACHE_ATTEMPTS,
     PAGE_CACHE,
-    CacheDrops,
     requires_fuse,
+    undisturbed_runs,
     wait_until,
 )
 
@@ -114,8 +113,7 @@ def test_a_second_walk_is_answered_by_the_kernel(
 ) -> None:
     files = _layer(root)
     engine.create()
-    for _ in range(KERNEL_CACHE_ATTEMPTS):
-        drops = CacheDrops()
+    for _ in undisturbed_runs():
         with mount() as m:
             assert m.ops.no_open
             top = m.path("v0")
@@ -133,8 +131,6 @@ def test_a_second_walk_is_answered_by_the_kernel(
 
             assert _walk(top) == (files, links)
             again = _requests(m) - first
-        if not drops.seen:
-            break
     assert not again, f"the second walk reached the view: {dict(again)}"
 
 
@@ -145,16 +141,13 @@ def test_with_open_a_second_walk_asks_the_view_again(
     of the second walk reaches the view, though the file pages stay cached."""
     files = _layer(root)
     engine.create()
-    for _ in range(KERNEL_CACHE_ATTEMPTS):
-        drops = CacheDrops()
+    for _ in undisturbed_runs():
         with mount(no_open=False) as m:
             top = m.path("v0")
             _walk(top)
             first = _requests(m)
             assert _walk(top)[0] == files
             again = _requests(m) - first
-        if not drops.seen:
-            break
     assert again["open"] == len(files)
     assert again["opendir"] == 5  # v0, a, a/b, a/b/c, d
     assert again["read"] == 0  # keep_cache
@@ -171,14 +164,11 @@ def test_the_root_follows_checkpoints_though_the_kernel_caches_listings(
             f.write(str(i))
         engine.create()
     with mount(list_ttl=3600.0) as m:
-        for _ in range(KERNEL_CACHE_ATTEMPTS):
-            drops = CacheDrops()
+        for _ in undisturbed_runs():
             assert sorted(os.listdir(m.mountpoint)) == [".checkpoints.json", "v0", "v1", "v2"]
             before = _requests(m)["readdir"]
             assert sorted(os.listdir(m.mountpoint)) == [".checkpoints.json", "v0", "v1", "v2"]
             again = _requests(m)["readdir"] - before
-            if not drops.seen:
-                break
         assert again == 0  # cached by the kernel
         engine.delete("v1")  # neither the newest nor the root's date changes
         m.ops.refresh()
@@ -240,8 +230,7 @@ def test_small_files_read_ahead_are_handed_to_the_kernel_and_cost_no_read(
     files["many/f41"] = bytes(100_000) + b"tail"
     engine.create()
     pushed = [r for r in sorted(files) if r != "many/f00" and files[r]]
-    for _ in range(KERNEL_CACHE_ATTEMPTS):
-        drops = CacheDrops()
+    for _ in undisturbed_runs():
         with mount(no_open=no_open) as m:
             names = sorted(os.listdir(m.path("v0", "many")))  # the kernel learns the inodes
             assert names == sorted(os.path.basename(r) for r in files)
@@ -258,8 +247,6 @@ def test_small_files_read_ahead_are_handed_to_the_kernel_and_cost_no_read(
                     assert f.read() == files[rel], rel
                 if held:  # a file whose pages the kernel held must cost no read
                     cost[rel] = _requests(m)["read"] - before
-        if not drops.seen:
-            break
     assert len(missing) <= 2, f"not in the page cache: {missing}"
     assert len(cost) >= len(files) - 3
     assert cost == dict.fromkeys(cost, 0)
@@ -301,8 +288,7 @@ def test_a_walk_that_reads_has_the_files_of_what_it_lists_pushed_before_it_reads
     files = _small_dirs(root, "abc")
     engine.create()
     c_objects = _file_objects(engine, "c")
-    for _ in range(KERNEL_CACHE_ATTEMPTS):
-        drops = CacheDrops()
+    for _ in undisturbed_runs():
         with mount() as m:
             assert os.listdir(m.path("v0")) == ["a", "b", "c"]
             assert len(os.listdir(m.path("v0", "a"))) == 10  # nothing read: nothing pushed
@@ -328,8 +314,6 @@ def test_a_walk_that_reads_has_the_files_of_what_it_lists_pushed_before_it_reads
                     assert f.read() == files[rel]
                 if held:
                     cost[rel] = _requests(m)["read"] - reads
-        if not drops.seen:
-            break
     assert len(cost) >= 8
     assert cost == dict.fromkeys(cost, 0)
 
