@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import threading
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
 import blake3
 import zstandard
 
 from sprite_env.ids import ObjectId
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 ZSTD_LEVEL = 3
+#: Objects shorter than this are stored raw: zstd's frame overhead eats any gain.
+TINY = 64
 #: Store raw when compression saves less than this fraction.
 MIN_SAVING = 0.03
 
@@ -60,10 +66,29 @@ def encode(data: bytes | memoryview) -> tuple[Codec, bytes]:
         The codec used and the payload to store.
     """
     n = len(data)
-    if n < 64:  # zstd's frame overhead eats any gain on tiny objects
+    if n < TINY:
         return Codec.RAW, bytes(data)
-    packed = _compressor().compress(data)
-    if len(packed) <= n * (1 - MIN_SAVING):
+    return _pick(data, _compressor().compress(data))
+
+
+def encode_many(datas: Sequence[bytes]) -> list[tuple[Codec, bytes]]:
+    """:func:`encode` of each of ``datas``, the same bytes, compressed in one call.
+
+    zstandard's ``multi_compress_to_buffer`` releases the GIL once for the whole batch
+    (``threads=0``: on the calling thread; the store's encoders are the parallelism), where
+    one ``compress`` per object takes the GIL back beside the capture's thread after each:
+    for the writer's batches of 64 objects this made the medium layer's step checkpoint
+    0.80-0.85x (bench_capture_step, 3 rounds, load 1.5).
+    """
+    sized: list[bytes | bytearray | memoryview] = [d for d in datas if len(d) >= TINY]
+    packed = iter(_compressor().multi_compress_to_buffer(sized, threads=0) if sized else ())
+    return [
+        (Codec.RAW, bytes(d)) if len(d) < TINY else _pick(d, next(packed).tobytes()) for d in datas
+    ]
+
+
+def _pick(data: bytes | memoryview, packed: bytes) -> tuple[Codec, bytes]:
+    if len(packed) <= len(data) * (1 - MIN_SAVING):
         return Codec.ZSTD, packed
     return Codec.RAW, bytes(data)
 

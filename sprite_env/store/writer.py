@@ -184,7 +184,11 @@ class StoreWriter:
     def _encode_and_append(self, batch: list[_Put]) -> None:
         try:
             batch = self._unknown(batch)
-            encoded = [(oid, kind, *codec.encode(data), len(data)) for oid, data, kind, _ in batch]
+            coded = codec.encode_many([data for _, data, _, _ in batch])
+            encoded = [
+                (oid, kind, c, payload, len(data))
+                for (oid, data, kind, _), (c, payload) in zip(batch, coded, strict=True)
+            ]
             with self._pack_lock:
                 if self._error is not None:
                     return

@@ -28,6 +28,23 @@ def test_encode_picks_codec_and_round_trips(data: bytes, expected: codec.Codec) 
     assert codec.decode(c, payload, len(data)) == data
 
 
+def test_encode_many_is_encode_of_each() -> None:
+    datas = [
+        b"a" * 100_000,
+        os.urandom(100_000),
+        b"",
+        b"x" * (codec.TINY - 1),
+        b"x" * codec.TINY,
+        os.urandom(codec.TINY),
+        b"tiny",
+        b"abc" * 5000,
+    ]
+    assert codec.encode_many(datas) == [codec.encode(d) for d in datas]
+    assert {c for c, _ in codec.encode_many(datas)} == {codec.Codec.RAW, codec.Codec.ZSTD}
+    assert codec.encode_many([]) == []
+    assert codec.encode_many([b"", b"ab"]) == [(codec.Codec.RAW, b""), (codec.Codec.RAW, b"ab")]
+
+
 def test_decode_rejects_garbage_and_wrong_length() -> None:
     c, payload = codec.encode(b"x" * 1000)
     with pytest.raises(ValueError, match="expected"):
