@@ -101,6 +101,16 @@ def worker(layer: str, store: str) -> None:
             super().__init__(*a, **k)
             made.append(self)
 
+    from sprite_env.store import writer as writer_mod
+
+    writers: list[Any] = []
+    real_init = writer_mod.StoreWriter.__init__
+
+    def recorded_writer(self: Any, *a: Any, **k: Any) -> None:
+        real_init(self, *a, **k)
+        writers.append(self)
+
+    writer_mod.StoreWriter.__init__ = recorded_writer  # type: ignore[method-assign]
     engine_mod.capture = timed
     capture_mod.Capturer = Recorded
     journal = Journal(layer)
@@ -128,6 +138,7 @@ def worker(layer: str, store: str) -> None:
             if op == "create":
                 times.clear()
                 made.clear()
+                writers.clear()
                 load = os.getloadavg()[0]
                 t = time.perf_counter()
                 cp = e.create("step")
@@ -140,6 +151,9 @@ def worker(layer: str, store: str) -> None:
                     walk_reason=cp.walk_reason,
                     files_read=c.stats.files_read,
                     bytes_read=c.stats.bytes_read,
+                    bytes_added=cp.bytes_added,
+                    bytes_new=sum(w.stats.bytes_new for w in writers),
+                    objects_new=sum(w.stats.objects_new for w in writers),
                     early=getattr(c, "early_taken", None),
                     load=load,
                 )
@@ -362,6 +376,8 @@ def main() -> int:
                 log(
                     f"  {v}: create {res['create_s']:.3f} s, capture {res['capture_s']:.3f} s, "
                     f"walk {res['walk']} {res['walk_reason']!r}, {res['files_read']} files read, "
+                    f"{res['objects_new']} objects of {res['bytes_new'] / 1e6:.1f} MB new, "
+                    f"{res['bytes_added'] / 1e6:.1f} MB stored, "
                     f"load {res['load']:.1f}" + (f" {res['pyspy']}" if args.pyspy else "")
                 )
             for v in versions:
