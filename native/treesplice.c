@@ -379,3 +379,57 @@ int tree_find(const uint8_t *tree, size_t len, const uint8_t *name, size_t nlen,
     }
     return 1;
 }
+
+static int by_name(const void *a, const void *b)
+{
+    const struct tree_name *x = *(const struct tree_name *const *)a;
+    const struct tree_name *y = *(const struct tree_name *const *)b;
+    return name_cmp(x->name, x->len, y->name, y->len);
+}
+
+int tree_find_many(const uint8_t *tree, size_t len, struct tree_name *names, size_t k)
+{
+    uint32_t count;
+    if (tree_check_head(tree, len, &count) != 0) {
+        return -1;
+    }
+    for (size_t q = 0; q < k; q++) {
+        names[q].entry_len = 0;
+    }
+    if (k == 0) {
+        return 0;
+    }
+    struct tree_name **order = malloc(k * sizeof *order);
+    if (order == NULL) {
+        return -2;
+    }
+    for (size_t q = 0; q < k; q++) {
+        order[q] = &names[q];
+    }
+    qsort(order, k, sizeof *order, by_name);
+    /* one merge of the sorted names with the tree's entries (sorted by name too): a
+     * directory's changed children looked up one by one rescanned its tree each time,
+     * 23 ms for 200 names in the 21k-entry tree of the medium layer's @mui/icons-material */
+    size_t off = TREE_HEAD, j = 0;
+    for (uint32_t i = 0; i < count && j < k;) {
+        const uint8_t *en;
+        size_t el, elen;
+        if (tree_entry_at(tree, len, off, &en, &el, &elen) != 0) {
+            free(order);
+            return -1;
+        }
+        int c = name_cmp(en, el, order[j]->name, order[j]->len);
+        if (c < 0) {
+            off += elen;
+            i++;
+        } else {
+            if (c == 0) { /* the entry stays: a repeated name finds it again */
+                order[j]->at = off;
+                order[j]->entry_len = elen;
+            }
+            j++;
+        }
+    }
+    free(order);
+    return 0;
+}

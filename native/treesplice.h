@@ -68,4 +68,17 @@ int tree_counts(const uint8_t *tree, size_t len, uint64_t counts[4], sig_name_fn
 int tree_find(const uint8_t *tree, size_t len, const uint8_t *name, size_t nlen,
               size_t *at, size_t *entry_len);
 
+/* A name to look up in a tree (tree_find_many): entry_len is 0 if it is absent, else the
+ * entry's length, at its offset. */
+struct tree_name {
+    const uint8_t *name;
+    size_t len;
+    size_t at;
+    size_t entry_len;
+};
+
+/* tree_find of each of names[0..k), in any order, in one pass over the tree: 0, -1 if
+ * the tree is malformed (as far as the pass read it), -2 out of memory. */
+int tree_find_many(const uint8_t *tree, size_t len, struct tree_name *names, size_t k);
+
 #endif

@@ -1,6 +1,6 @@
 /*
  * treesplice_py.c - the CPython binding of treesplice.c: sig_diff, sig_splice, tree_splice,
- * tree_find, tree_counts.
+ * tree_find, tree_find_many, tree_counts.
  *
  * Added to module sprite_env._native by treesplice_add_functions() (called from
  * _native.c's exec slot). Typed stubs: sprite_env/_native.pyi.
@@ -242,6 +242,67 @@ static PyObject *native_tree_find(PyObject *self, PyObject *args)
     return result;
 }
 
+PyDoc_STRVAR(tree_find_many_doc,
+"tree_find_many(tree, names, /) -> list[bytes | None]\n--\n\n"
+"tree_find of each of names (a list of bytes, any order), in one pass over the tree.\n"
+"Raises ValueError for a malformed tree, TypeError for a name that is not bytes.");
+
+static PyObject *native_tree_find_many(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer tree;
+    PyObject *names;
+    if (!PyArg_ParseTuple(args, "y*O!:tree_find_many", &tree, &PyList_Type, &names)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    /* a copy of the list: the names' buffers must outlive the search */
+    PyObject *held = PyList_GetSlice(names, 0, PyList_GET_SIZE(names));
+    Py_ssize_t k = held != NULL ? PyList_GET_SIZE(held) : 0;
+    struct tree_name *want = held != NULL ? calloc(k > 0 ? (size_t)k : 1, sizeof *want) : NULL;
+    if (held == NULL || want == NULL) {
+        if (held != NULL) {
+            PyErr_NoMemory();
+        }
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *b = PyList_GET_ITEM(held, i);
+        if (!PyBytes_Check(b)) {
+            PyErr_SetString(PyExc_TypeError, "names must be bytes");
+            goto done;
+        }
+        want[i].name = (const uint8_t *)PyBytes_AS_STRING(b);
+        want[i].len = (size_t)PyBytes_GET_SIZE(b);
+    }
+    int rc = tree_find_many(tree.buf, (size_t)tree.len, want, (size_t)k);
+    if (rc == -1) {
+        PyErr_SetString(PyExc_ValueError, "malformed tree");
+        goto done;
+    }
+    if (rc != 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = PyList_New(k);
+    for (Py_ssize_t i = 0; result != NULL && i < k; i++) {
+        PyObject *item = want[i].entry_len == 0
+                             ? Py_NewRef(Py_None)
+                             : PyBytes_FromStringAndSize((const char *)tree.buf + want[i].at,
+                                                         (Py_ssize_t)want[i].entry_len);
+        if (item == NULL) {
+            Py_CLEAR(result);
+            break;
+        }
+        PyList_SET_ITEM(result, i, item);
+    }
+done:
+    free(want);
+    Py_XDECREF(held);
+    PyBuffer_Release(&tree);
+    return result;
+}
+
 PyDoc_STRVAR(tree_spans_doc,
 "tree_spans(tree, /) -> dict[bytes, bytes]\n--\n\n"
 "The tree object's entries by name, each left encoded (snapshot/tree.py entry_spans).\n"
@@ -301,6 +362,7 @@ static PyMethodDef treesplice_methods[] = {
     {"sig_splice", native_sig_splice, METH_VARARGS, sig_splice_doc},
     {"tree_splice", native_tree_splice, METH_VARARGS, tree_splice_doc},
     {"tree_find", native_tree_find, METH_VARARGS, tree_find_doc},
+    {"tree_find_many", native_tree_find_many, METH_VARARGS, tree_find_many_doc},
     {"tree_counts", native_tree_counts, METH_O, tree_counts_doc},
     {"tree_spans", native_tree_spans, METH_O, tree_spans_doc},
     {NULL, NULL, 0, NULL},

@@ -204,6 +204,15 @@ def tree_find(tree: Buffer, name: Buffer, /) -> bytes | None:
         ValueError: a malformed tree.
     """
 
+def tree_find_many(tree: Buffer, names: list[bytes], /) -> list[bytes | None]:
+    """:func:`tree_find` of each of ``names`` (any order, repeats allowed), in one pass
+    over the tree.
+
+    Raises:
+        ValueError: a malformed tree.
+        TypeError: a name that is not bytes.
+    """
+
 def lstat_names(dirfd: int, names: list[bytes], /) -> list[tuple[int, ...] | None]:
     """The 19 ``os.stat_result`` fields of each of ``names`` in the directory open at
     ``dirfd`` (symlinks not followed), None for a name that does not exist; the GIL is kept

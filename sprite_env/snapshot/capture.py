@@ -127,15 +127,17 @@ _sig_diff: Callable[[bytes, bytes], tuple[list[bytes], list[bytes]]] | None
 _sig_splice: Callable[[bytes, bytes, list[bytes]], bytes] | None
 _tree_splice: Callable[[bytes, bytes, list[bytes]], bytes] | None
 _tree_find: Callable[[bytes, bytes], bytes | None] | None
+_tree_find_many: Callable[[bytes, list[bytes]], list[bytes | None]] | None
 _tree_counts: Callable[[bytes], tuple[int, int, int, int, list[bytes]]] | None
 try:
     from sprite_env._native import sig_diff as _sig_diff
     from sprite_env._native import sig_splice as _sig_splice
     from sprite_env._native import tree_counts as _tree_counts
     from sprite_env._native import tree_find as _tree_find
+    from sprite_env._native import tree_find_many as _tree_find_many
     from sprite_env._native import tree_splice as _tree_splice
 except ImportError:  # without them a changed directory takes the entry-by-entry path
-    _sig_diff = _sig_splice = _tree_splice = _tree_find = _tree_counts = None
+    _sig_diff = _sig_splice = _tree_splice = _tree_find = _tree_find_many = _tree_counts = None
 
 #: (stat_result's fields, bytes, chunk ends, chunk ids, xattr fd) of a file read whole, or
 #: None for the general path: ``read_finish`` in native/bulkread_py.c.
@@ -1725,14 +1727,16 @@ class Capturer:
         the row (the restore's) is newer than the memo (the undo checkpoint's walk), while a
         kept subdirectory had no event since that walk. None if the memo or the old tree
         cannot say (the directory is then listed)."""
-        assert _tree_find is not None
+        assert _tree_find_many is not None
         assert _tree_counts is not None
         assert self.hint is not None
         totals = self.hint.memo.totals
         looked = {*(p.name for p in pending), *done, *removed}
         try:
             files, nbytes, symlinks, specials, subdirs = _tree_counts(old_tree)
-            old = [_tree_find(old_tree, name) for name in looked]
+            # one pass over the old tree for all of them (one tree_find each rescanned it:
+            # 23 ms for 200 names of the medium layer's 21k-entry directory)
+            old = _tree_find_many(old_tree, list(looked))
         except ValueError:
             return None
         for raw in old:

@@ -143,3 +143,25 @@ def test_tree_find_returns_the_encoded_entry() -> None:
     assert native.tree_find(tree, b"a") is None
     with pytest.raises(ValueError, match="malformed"):
         native.tree_find(tree[:20], b"x3")
+
+
+@settings(max_examples=200, deadline=None)
+@given(present=st.sets(NAMES, max_size=40), absent=st.lists(NAMES, max_size=20), data=st.data())
+def test_tree_find_many_is_tree_find_of_each(
+    present: set[bytes], absent: list[bytes], data: st.DataObject
+) -> None:
+    tree = encode_tree([_entry(n, i, []) for i, n in enumerate(sorted(present))])
+    found = data.draw(st.lists(st.sampled_from(sorted(present)), max_size=20)) if present else []
+    names = data.draw(st.permutations(found + absent))  # any order, repeats, absent ones
+    assert native.tree_find_many(tree, names) == [native.tree_find(tree, n) for n in names]
+
+
+def test_tree_find_many_refuses_what_tree_find_refuses() -> None:
+    tree = encode_tree([_entry(b"x%d" % i, i, []) for i in range(7)])
+    assert native.tree_find_many(tree, []) == []
+    with pytest.raises(ValueError, match="malformed"):
+        native.tree_find_many(tree[:20], [b"x3"])
+    with pytest.raises(ValueError, match="malformed"):
+        native.tree_find_many(b"nope" + tree[4:], [])
+    with pytest.raises(TypeError, match="bytes"):
+        native.tree_find_many(tree, [b"x1", "x2"])  # type: ignore[list-item]
