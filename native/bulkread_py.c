@@ -1,6 +1,6 @@
 /*
  * bulkread_py.c - the CPython binding of bulkread.c: read_start, read_finish, read_files;
- * and lstat_names, the stats of a directory's changed children for the walk.
+ * and lstat_names, open_at and close_fd: system calls of the walk made with the GIL kept.
  *
  * Added to module sprite_env._native by bulkread_add_functions() (called from _native.c's
  * exec slot). Typed stub: sprite_env/_native.pyi.
@@ -323,7 +323,57 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(open_at_doc,
+"open_at(dirfd, name, flags, /) -> int\n--\n\n"
+"os.open(name, flags, dir_fd=dirfd) (no O_CREAT: no mode) with the GIL kept: opening a\n"
+"directory whose entry is cached takes a few microseconds, and a released GIL can take\n"
+"up to the switch interval (5 ms) to come back beside a busy Python thread. Raises\n"
+"OSError with the name, as os.open does; ValueError for a name with a NUL.");
+
+static PyObject *native_open_at(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int dirfd, flags;
+    PyObject *name;
+    if (!PyArg_ParseTuple(args, "iO!i:open_at", &dirfd, &PyBytes_Type, &name, &flags)) {
+        return NULL;
+    }
+    if ((Py_ssize_t)strlen(PyBytes_AS_STRING(name)) != PyBytes_GET_SIZE(name)) {
+        PyErr_SetString(PyExc_ValueError, "name must be bytes without NUL");
+        return NULL;
+    }
+    if ((flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE) { /* O_TMPFILE holds O_DIRECTORY */
+        PyErr_SetString(PyExc_ValueError, "open_at opens what exists (no O_CREAT)");
+        return NULL;
+    }
+    int fd = openat(dirfd, PyBytes_AS_STRING(name), flags | O_CLOEXEC);
+    if (fd < 0) {
+        return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, name);
+    }
+    return PyLong_FromLong(fd);
+}
+
+PyDoc_STRVAR(close_fd_doc,
+"close_fd(fd, /) -> None\n--\n\n"
+"os.close(fd) with the GIL kept (see open_at): for descriptors whose close cannot wait,\n"
+"such as a directory's. Raises OSError as os.close does.");
+
+static PyObject *native_close_fd(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    int fd;
+    if (!PyArg_Parse(arg, "i:close_fd", &fd)) {
+        return NULL;
+    }
+    if (close(fd) != 0 && errno != EINTR) { /* after EINTR the descriptor is gone (Linux) */
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef bulkread_methods[] = {
+    {"open_at", native_open_at, METH_VARARGS, open_at_doc},
+    {"close_fd", native_close_fd, METH_O, close_fd_doc},
     {"lstat_names", native_lstat_names, METH_VARARGS, lstat_names_doc},
     {"read_start", native_read_start, METH_VARARGS, read_start_doc},
     {"read_finish", native_read_finish, METH_O, read_finish_doc},

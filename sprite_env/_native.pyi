@@ -213,6 +213,22 @@ def tree_find_many(tree: Buffer, names: list[bytes], /) -> list[bytes | None]:
         TypeError: a name that is not bytes.
     """
 
+def open_at(dirfd: int, name: bytes, flags: int, /) -> int:
+    """``os.open(name, flags, dir_fd=dirfd)`` (``O_CLOEXEC`` added; no ``O_CREAT``) with the
+    GIL kept.
+
+    Raises:
+        OSError: as ``os.open``, with the name.
+        ValueError: a name with a NUL, or ``O_CREAT`` / ``O_TMPFILE`` in ``flags``.
+    """
+
+def close_fd(fd: int, /) -> None:
+    """``os.close(fd)`` with the GIL kept (for a descriptor whose close cannot wait).
+
+    Raises:
+        OSError: as ``os.close``.
+    """
+
 def lstat_names(dirfd: int, names: list[bytes], /) -> list[tuple[int, ...] | None]:
     """The 19 ``os.stat_result`` fields of each of ``names`` in the directory open at
     ``dirfd`` (symlinks not followed), None for a name that does not exist; the GIL is kept

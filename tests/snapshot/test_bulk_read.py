@@ -7,6 +7,7 @@ while it is read."""
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import threading
@@ -337,3 +338,33 @@ def test_lstat_names_is_os_stat(tmp_path: os.PathLike[str], count: int) -> None:
         if name != b"missing":
             assert fields is not None
             assert os.stat_result(fields) == os.lstat(os.path.join(d, name)), name
+
+
+def test_open_at_and_close_fd_are_os_open_and_close(tmp_path: os.PathLike[str]) -> None:
+    top = os.fspath(tmp_path)
+    os.mkdir(os.path.join(top, "d"))
+    os.symlink("d", os.path.join(top, "link"))
+    dfd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = native.open_at(dfd, b"d", capture_mod.O_DIR)
+        assert os.path.samestat(os.fstat(fd), os.stat(os.path.join(top, "d")))
+        assert not os.get_inheritable(fd)  # O_CLOEXEC, as os.open gives
+        native.close_fd(fd)
+        with pytest.raises(OSError, match="Bad file descriptor"):
+            os.fstat(fd)
+        with pytest.raises(OSError, match="Bad file descriptor"):
+            native.close_fd(fd)
+        with pytest.raises(FileNotFoundError) as gone:
+            native.open_at(dfd, b"nope", capture_mod.O_DIR)
+        assert gone.value.filename == b"nope"
+        with pytest.raises(OSError, match="link") as link:  # O_NOFOLLOW: refused, not followed
+            native.open_at(dfd, b"link", capture_mod.O_DIR)
+        assert link.value.errno in (errno.ELOOP, errno.ENOTDIR)
+        with pytest.raises(ValueError, match="NUL"):
+            native.open_at(dfd, b"d\0x", capture_mod.O_DIR)
+        for creating in (os.O_CREAT | os.O_WRONLY, os.O_TMPFILE | os.O_WRONLY):
+            with pytest.raises(ValueError, match="O_CREAT"):
+                native.open_at(dfd, b"new", creating)
+        assert set(os.listdir(top)) == {"d", "link"}  # nothing created
+    finally:
+        os.close(dfd)
