@@ -87,7 +87,14 @@ from sprite_env.errors import SnapshotError, SpriteError
 from sprite_env.ids import ObjectId
 from sprite_env.snapshot import dircache, pagesums
 from sprite_env.snapshot.dircache import RACY_NS, CachedDir, Sig, is_racy, sig_of
-from sprite_env.snapshot.fsmeta import O_DIR, fd_room, proc_path, read_xattrs
+from sprite_env.snapshot.fsmeta import (
+    O_DIR,
+    close_dir,
+    fd_room,
+    open_dir_at,
+    proc_path,
+    read_xattrs,
+)
 from sprite_env.snapshot.pagesums import PageSums
 from sprite_env.snapshot.tree import (
     INLINE_CHUNKS,
@@ -151,26 +158,6 @@ try:
     from sprite_env._native import read_start as _read_start
 except ImportError:  # every file takes the general path
     _read_start = _read_finish = _lstat_names = None
-
-
-_open_at: Callable[[int, bytes, int], int] | None
-try:
-    from sprite_env._native import close_fd as _close_dir
-    from sprite_env._native import open_at as _open_at
-except ImportError:
-    _open_at = None
-    _close_dir = os.close
-
-
-def _open_dir_at(dirfd: int, name: bytes) -> int:
-    """``os.open(name, O_DIR, dir_fd=dirfd)`` with the GIL kept where the extension is
-    built: the journal's walk opens and closes each of the medium step's ~1,100 dirty
-    directories and the plan's parents, and each release of the GIL beside the store's
-    busy threads cost up to the switch interval to take back (``_subdir``'s open and close
-    were 0.23 s of the walk's thread, py-spy at load 2)."""
-    return (
-        _open_at(dirfd, name, O_DIR) if _open_at is not None else os.open(name, O_DIR, dir_fd=dirfd)
-    )
 
 
 READ_ATTEMPTS = 3
@@ -1202,11 +1189,11 @@ class Capturer:
         fd = os.dup(root_fd)
         for part in rel.split(b"/") if rel else ():
             try:
-                nxt = _open_dir_at(fd, part)
+                nxt = open_dir_at(fd, part)
             except OSError:
-                _close_dir(fd)
+                close_dir(fd)
                 return None
-            _close_dir(fd)
+            close_dir(fd)
             fd = nxt
         self._early_fds.append(fd)
         return fd
@@ -1460,7 +1447,7 @@ class Capturer:
         finally:
             for p, fd in fds.items():
                 if p:
-                    _close_dir(fd)
+                    close_dir(fd)
         if trees and self.read_many is not None:
             # on an error each is read (and fails) where the walk needs it
             with contextlib.suppress(SpriteError):
@@ -1472,14 +1459,14 @@ class Capturer:
         closing the directories the plan has left behind."""
         parent = _parent(rel) if rel else None
         for p in [p for p in fds if p and p != parent and not rel.startswith(p + b"/")]:
-            _close_dir(fds.pop(p))
+            close_dir(fds.pop(p))
         if parent is None:
             return fds[b""]
         pfd = fds.get(parent)
         if pfd is None:
             return None  # its parent could not be opened: the walk meets whatever it is
         try:
-            fd = _open_dir_at(pfd, _base(rel))
+            fd = open_dir_at(pfd, _base(rel))
         except OSError:
             return None
         fds[rel] = fd
@@ -1524,7 +1511,7 @@ class Capturer:
             done[name] = (kept, False)
             return True
         try:
-            cfd = _open_dir_at(fd, name)
+            cfd = open_dir_at(fd, name)
         except OSError:
             return False
         out: tuple[ObjectId, bool] | _Later | None = None
@@ -1532,7 +1519,7 @@ class Capturer:
             out = self._dir_or_later(cfd, child, isinstance(done, _Done))
         finally:
             if not isinstance(out, _Later):
-                _close_dir(cfd)
+                close_dir(cfd)
         if isinstance(out, _Later):
             assert isinstance(done, _Done)
             done.later[name] = out

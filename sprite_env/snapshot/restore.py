@@ -54,6 +54,7 @@ from sprite_env.snapshot.fsmeta import (
     apply_meta,
     apply_meta_proc,
     check_name,
+    close_dir,
     open_dir,
     pwrite_piece,
     set_xattrs,
@@ -297,7 +298,7 @@ class Restorer:
                 _apply_meta_delta(x.fd, stat.S_IFDIR, old, new, touched=True)
         finally:
             for x in done:
-                os.close(x.fd)
+                close_dir(x.fd)
 
     def _sync_entries(
         self,
@@ -359,7 +360,7 @@ class Restorer:
                         try:
                             _apply_meta_delta(cfd, stat.S_IFDIR, old, new, touched=False)
                         finally:
-                            os.close(cfd)
+                            close_dir(cfd)
                 if change is Change.META:
                     self.stats.meta += 1
             elif change is Change.META:
@@ -663,7 +664,7 @@ class Restorer:
         try:
             for part in parts[:-1]:
                 nfd = open_dir(dfd, part)
-                os.close(dfd)
+                close_dir(dfd)
                 dfd = nfd
             st = os.stat(check_name(parts[-1]), dir_fd=dfd, follow_symlinks=False)
             if stat.S_IFMT(st.st_mode) != _FILE_TYPE[kind]:
@@ -673,7 +674,7 @@ class Restorer:
         except OSError:
             return False
         finally:
-            os.close(dfd)
+            close_dir(dfd)
 
     # -- removing --------------------------------------------------------------------------
 
@@ -923,7 +924,7 @@ class _DirStack:
     def _pop(self, depth: int) -> None:
         while len(self._fds) > depth:
             self._path.pop()
-            os.close(self._fds.pop())
+            close_dir(self._fds.pop())
 
     def open(self, rel: bytes) -> int:
         """The descriptor of directory ``rel`` (b"": the root's)."""
