@@ -1,6 +1,7 @@
 /*
  * bulkread_py.c - the CPython binding of bulkread.c: read_start, read_finish, read_files;
- * and lstat_names, open_at and close_fd: system calls of the walk made with the GIL kept.
+ * and lstat_names, open_at, close_fd and set_mtime: system calls of the walks made with
+ * the GIL kept.
  *
  * Added to module sprite_env._native by bulkread_add_functions() (called from _native.c's
  * exec slot). Typed stub: sprite_env/_native.pyi.
@@ -13,6 +14,7 @@
 #include <string.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bulkread.h"
@@ -371,7 +373,36 @@ static PyObject *native_close_fd(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(set_mtime_doc,
+"set_mtime(fd, ns, /) -> None\n--\n\n"
+"os.utime(fd, ns=(ns, ns)) with the GIL kept (see open_at): a restore sets back the mtime\n"
+"of every directory it wrote in and of every file whose only change is its mtime. Raises\n"
+"OSError as os.utime does.");
+
+static PyObject *native_set_mtime(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int fd;
+    long long ns;
+    if (!PyArg_ParseTuple(args, "iL:set_mtime", &fd, &ns)) {
+        return NULL;
+    }
+    /* floor division, as os.utime splits a negative time (before 1970) */
+    long long sec = ns / 1000000000LL, rem = ns % 1000000000LL;
+    if (rem < 0) {
+        sec -= 1;
+        rem += 1000000000LL;
+    }
+    struct timespec times[2] = {{.tv_sec = (time_t)sec, .tv_nsec = (long)rem},
+                                {.tv_sec = (time_t)sec, .tv_nsec = (long)rem}};
+    if (futimens(fd, times) != 0) {
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef bulkread_methods[] = {
+    {"set_mtime", native_set_mtime, METH_VARARGS, set_mtime_doc},
     {"open_at", native_open_at, METH_VARARGS, open_at_doc},
     {"close_fd", native_close_fd, METH_O, close_fd_doc},
     {"lstat_names", native_lstat_names, METH_VARARGS, lstat_names_doc},

@@ -222,6 +222,13 @@ def open_at(dirfd: int, name: bytes, flags: int, /) -> int:
         ValueError: a name with a NUL, or ``O_CREAT`` / ``O_TMPFILE`` in ``flags``.
     """
 
+def set_mtime(fd: int, ns: int, /) -> None:
+    """``os.utime(fd, ns=(ns, ns))`` with the GIL kept.
+
+    Raises:
+        OSError: as ``os.utime``.
+    """
+
 def close_fd(fd: int, /) -> None:
     """``os.close(fd)`` with the GIL kept (for a descriptor whose close cannot wait).
 

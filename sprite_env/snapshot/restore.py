@@ -57,6 +57,7 @@ from sprite_env.snapshot.fsmeta import (
     close_dir,
     open_dir,
     pwrite_piece,
+    set_mtime,
     set_xattrs,
     syncfs,
 )
@@ -1018,7 +1019,7 @@ def _apply_meta_delta(
     if old.mode != new.mode:
         os.fchmod(fd, new.mode)
     if touched or old.mtime_ns != new.mtime_ns:
-        os.utime(fd, ns=(new.mtime_ns, new.mtime_ns))  # atime: see ``apply_meta``
+        set_mtime(fd, new.mtime_ns)
 
 
 def _is_captured(st: os.stat_result, e: TreeEntry) -> bool:

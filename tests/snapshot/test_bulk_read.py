@@ -368,3 +368,19 @@ def test_open_at_and_close_fd_are_os_open_and_close(tmp_path: os.PathLike[str]) 
         assert set(os.listdir(top)) == {"d", "link"}  # nothing created
     finally:
         os.close(dfd)
+
+
+@pytest.mark.parametrize("ns", [1_700_000_000_123_456_789, 0, -1, -1_500_000_000_000_000_001])
+def test_set_mtime_is_utime_to_the_nanosecond(tmp_path: os.PathLike[str], ns: int) -> None:
+    path = os.path.join(tmp_path, "f")
+    with open(path, "wb"):
+        pass
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        native.set_mtime(fd, ns)
+        st = os.stat(path)
+        assert (st.st_mtime_ns, st.st_atime_ns) == (ns, ns)
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        native.set_mtime(fd, ns)
