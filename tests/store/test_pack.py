@@ -42,6 +42,20 @@ def _write(tmp_path: os.PathLike[str], blobs: list[bytes]) -> tuple[str, str, li
     return path, name, ids
 
 
+def _assert_reads_back(path: str, name: str, ids: list[ObjectId], blobs: list[bytes]) -> None:
+    """The pack's table names ``ids`` in order, a scan of its entry headers agrees, and
+    each object decodes to its blob."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        table = read_table(fd, name)
+        assert [e.id for e in table] == ids
+        assert list(scan_entries(fd, name)) == table
+        for e, b in zip(table, blobs, strict=True):
+            assert codec.decode(e.codec, read_payload(fd, name, e), e.raw_len) == b
+    finally:
+        os.close(fd)
+
+
 def test_layout_sizes_are_fixed() -> None:
     # Changing any of these breaks every existing store.
     assert (HEADER.size, ENTRY.size, TABLE_ROW.size, FOOTER.size) == (16, 48, 52, 52)
@@ -64,15 +78,7 @@ def test_golden_pack_bytes(tmp_path: os.PathLike[str]) -> None:
 def test_table_and_scan_agree(tmp_path: os.PathLike[str]) -> None:
     blobs = [os.urandom(n) for n in (0, 1, 100, 5000)] + [b"z" * 70000]
     path, name, ids = _write(tmp_path, blobs)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        table = read_table(fd, name)
-        assert [e.id for e in table] == ids
-        assert list(scan_entries(fd, name)) == table
-        for e, b in zip(table, blobs, strict=True):
-            assert codec.decode(e.codec, read_payload(fd, name, e), e.raw_len) == b
-    finally:
-        os.close(fd)
+    _assert_reads_back(path, name, ids, blobs)
 
 
 def test_a_pack_larger_than_its_write_buffer_is_written_whole(tmp_path: os.PathLike[str]) -> None:
@@ -85,15 +91,7 @@ def test_a_pack_larger_than_its_write_buffer_is_written_whole(tmp_path: os.PathL
         data = f.read()
     assert len(data) > 2 * WRITE_BUFFER
     assert name == blake3.blake3(data).hexdigest()  # the running hash saw every byte once
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        table = read_table(fd, name)
-        assert [e.id for e in table] == ids
-        assert list(scan_entries(fd, name)) == table
-        for e, b in zip(table, blobs, strict=True):
-            assert codec.decode(e.codec, read_payload(fd, name, e), e.raw_len) == b
-    finally:
-        os.close(fd)
+    _assert_reads_back(path, name, ids, blobs)
 
 
 def test_damaged_table_is_detected_but_scan_still_works(tmp_path: os.PathLike[str]) -> None:
