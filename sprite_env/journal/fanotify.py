@@ -174,6 +174,9 @@ class Batch:
     selves: set[bytes]
     objects: set[bytes]
     names: set[tuple[bytes, bytes]] = field(default_factory=set)
+    #: (directory handle, name) of every create, delete or move of a child: the names of
+    #: ``names`` an entry event explains (the others only named a child's data or metadata).
+    entries: set[tuple[bytes, bytes]] = field(default_factory=set)
     foreign: int = 0
     overflow: bool = False
     events: int = 0
@@ -240,8 +243,10 @@ def decode(buf: bytes, fsid: tuple[int, int], into: Batch) -> None:
         if dir_handle is not None and name not in (b"", b"."):
             dirs.add(dir_handle)
             names.add((dir_handle, name))
-            if ondir and dirent:
-                children.add((dir_handle, name))
+            if dirent:
+                into.entries.add((dir_handle, name))
+                if ondir:
+                    children.add((dir_handle, name))
         elif dir_handle is not None:  # an event on the directory itself
             selves.add(dir_handle)
         elif obj_handle is not None:

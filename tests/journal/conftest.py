@@ -15,7 +15,7 @@ from sprite_env.snapshot.capture import CaptureResult, capture
 from sprite_env.store import open_store
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from sprite_env.ids import ObjectId
     from sprite_env.snapshot.dircache import CachedDir
@@ -140,8 +140,12 @@ class Harness:
 
     def truth_result(self) -> CaptureResult:
         """The capture of a walk that trusts nothing (its tree and its counts)."""
+        return self.truth_and_reader()[0]
+
+    def truth_and_reader(self) -> tuple[CaptureResult, Callable[[ObjectId], bytes]]:
+        """:meth:`truth_result`, and what reads its trees (they are not stored)."""
         sink = HashOnlySink(self.store)
-        return capture(self.root, sink, sink.read, {})
+        return capture(self.root, sink, sink.read, {}), sink.read
 
 
 @pytest.fixture
