@@ -21,6 +21,9 @@ def cut_points(
             power of two between 2**3 and 2**62.
     """
 
+def blake3_256(data: Buffer, /) -> bytes:
+    """``blake3.blake3(data).digest()``; the GIL is kept for up to 16 KiB."""
+
 def gear_table() -> tuple[int, ...]:
     """Returns the kernel's 256-entry gear table."""
 

@@ -18,7 +18,13 @@ import zstandard
 from sprite_env.ids import ObjectId
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
+
+_b3: Callable[[bytes | memoryview], bytes] | None
+try:
+    from sprite_env._native import blake3_256 as _b3
+except ImportError:
+    _b3 = None
 
 ZSTD_LEVEL = 3
 #: Objects shorter than this are stored raw: zstd's frame overhead eats any gain.
@@ -55,8 +61,15 @@ def _decompressor() -> zstandard.ZstdDecompressor:
 
 
 def object_id(data: bytes | memoryview) -> ObjectId:
-    """Returns the BLAKE3-256 id of ``data``."""
-    return ObjectId(blake3.blake3(data).digest())
+    """Returns the BLAKE3-256 id of ``data``.
+
+    The extension's ``blake3_256`` where it is built: it keeps the GIL for inputs up to 16
+    KiB, where the ``blake3`` package lets go of it, and taking it back beside a busy
+    Python thread cost more than the hash (the trees of a step's dirty directories are
+    hashed on the capture's walk thread: ``object_id`` was the top of its samples in the
+    medium undo's check, py-spy).
+    """
+    return ObjectId(_b3(data) if _b3 is not None else blake3.blake3(data).digest())
 
 
 def encode(data: bytes | memoryview) -> tuple[Codec, bytes]:

@@ -53,3 +53,12 @@ def test_decode_rejects_garbage_and_wrong_length() -> None:
         codec.decode(codec.Codec.ZSTD, b"\x00" * 20, 1000)
     with pytest.raises(ValueError, match="unknown codec"):
         codec.decode(9, b"", 0)
+
+
+@pytest.mark.parametrize("n", [0, 1, 64, 1023, 1024, 1025, 16 << 10, (16 << 10) + 1, 3 << 20])
+def test_object_id_is_the_blake3_package_s_digest_at_every_size(n: int) -> None:
+    data = blake3.blake3(b"seed").digest(length=n)
+    want = blake3.blake3(data).digest()
+    assert codec.object_id(data) == want
+    assert codec.object_id(memoryview(bytearray(data))) == want  # any buffer
+    assert codec.object_id(memoryview(data)[1:]) == blake3.blake3(data[1:]).digest()
