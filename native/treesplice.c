@@ -355,29 +355,16 @@ int tree_counts(const uint8_t *tree, size_t len, uint64_t counts[4], sig_name_fn
 int tree_find(const uint8_t *tree, size_t len, const uint8_t *name, size_t nlen,
               size_t *at, size_t *entry_len)
 {
-    uint32_t count;
-    if (tree_check_head(tree, len, &count) != 0) {
-        return -1;
+    struct tree_name one = {.name = name, .len = nlen};
+    if (tree_find_many(tree, len, &one, 1) != 0) {
+        return -1; /* malformed: one name needs no memory */
     }
-    size_t off = TREE_HEAD;
-    for (uint32_t i = 0; i < count; i++) {
-        const uint8_t *en;
-        size_t el, elen;
-        if (tree_entry_at(tree, len, off, &en, &el, &elen) != 0) {
-            return -1;
-        }
-        int c = name_cmp(en, el, name, nlen);
-        if (c == 0) {
-            *at = off;
-            *entry_len = elen;
-            return 0;
-        }
-        if (c > 0) {
-            break;
-        }
-        off += elen;
+    if (one.entry_len == 0) {
+        return 1;
     }
-    return 1;
+    *at = one.at;
+    *entry_len = one.entry_len;
+    return 0;
 }
 
 static int by_name(const void *a, const void *b)
@@ -399,7 +386,8 @@ int tree_find_many(const uint8_t *tree, size_t len, struct tree_name *names, siz
     if (k == 0) {
         return 0;
     }
-    struct tree_name **order = malloc(k * sizeof *order);
+    struct tree_name *single[1];
+    struct tree_name **order = k == 1 ? single : malloc(k * sizeof *order);
     if (order == NULL) {
         return -2;
     }
@@ -415,7 +403,9 @@ int tree_find_many(const uint8_t *tree, size_t len, struct tree_name *names, siz
         const uint8_t *en;
         size_t el, elen;
         if (tree_entry_at(tree, len, off, &en, &el, &elen) != 0) {
-            free(order);
+            if (order != single) {
+                free(order);
+            }
             return -1;
         }
         int c = name_cmp(en, el, order[j]->name, order[j]->len);
@@ -430,6 +420,8 @@ int tree_find_many(const uint8_t *tree, size_t len, struct tree_name *names, siz
             j++;
         }
     }
-    free(order);
+    if (order != single) {
+        free(order);
+    }
     return 0;
 }
