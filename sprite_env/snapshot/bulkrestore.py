@@ -45,7 +45,14 @@ from typing import TYPE_CHECKING
 
 from sprite_env.errors import SnapshotError, SpriteError
 from sprite_env.ids import ObjectId
-from sprite_env.snapshot.fsmeta import O_DIR, apply_meta, check_name, pwrite_piece, syncfs
+from sprite_env.snapshot.fsmeta import (
+    apply_meta,
+    check_name,
+    open_dir,
+    open_dir_at,
+    pwrite_piece,
+    syncfs,
+)
 from sprite_env.snapshot.tree import Kind, Piece, TreeEntry, decode_chunks, decode_tree, placed
 from sprite_env.store.ports import ObjectReader, reader_of
 
@@ -235,7 +242,7 @@ class BulkRestorer:
                 if e.kind is Kind.DIR:
                     os.mkdir(name, 0o700, dir_fd=d.fd)
                     self._dirs += 1
-                    child = _Dir(os.open(name, O_DIR, dir_fd=d.fd), e, d, self._dirs)
+                    child = _Dir(open_dir_at(d.fd, name), e, d, self._dirs)
                     with self._lock:
                         d.refs += 1  # released by the child's own metadata
                     stack.append((child, path, self._trees[e.subtree], 0))
@@ -483,7 +490,7 @@ class BulkRestorer:
         cur = os.dup(root_fd)
         try:
             for part in parts[:-1]:
-                nxt = os.open(check_name(part), O_DIR, dir_fd=cur)
+                nxt = open_dir(cur, part)
                 os.close(cur)
                 cur = nxt
             st = os.stat(check_name(parts[-1]), dir_fd=cur, follow_symlinks=False)

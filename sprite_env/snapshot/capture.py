@@ -88,7 +88,6 @@ from sprite_env.ids import ObjectId
 from sprite_env.snapshot import dircache, pagesums
 from sprite_env.snapshot.dircache import RACY_NS, CachedDir, Sig, is_racy, sig_of
 from sprite_env.snapshot.fsmeta import (
-    O_DIR,
     close_dir,
     fd_room,
     open_dir_at,
@@ -619,7 +618,7 @@ class _ReadAhead:
                 return  # its parent is not open: the walk lists and reads it itself
             pfd = up.fd
         try:
-            fd = os.open(name, O_DIR, dir_fd=pfd)
+            fd = open_dir_at(pfd, name)
         except OSError:
             return  # the walk meets whatever this is
         items = []
@@ -1989,7 +1988,7 @@ class Capturer:
                 cfd = self._ahead.take_fd(rel) if self._ahead is not None else None
                 try:
                     if cfd is None:
-                        cfd = os.open(name, O_DIR, dir_fd=dirfd)
+                        cfd = open_dir_at(dirfd, name)
                 except OSError as e:
                     if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
                         return None  # replaced since the listing

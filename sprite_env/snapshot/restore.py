@@ -50,12 +50,12 @@ from sprite_env.snapshot.diff import (
 from sprite_env.snapshot.dircache import CachedDir, Sig, sig_of
 from sprite_env.snapshot.frees import Frees
 from sprite_env.snapshot.fsmeta import (
-    O_DIR,
     apply_meta,
     apply_meta_proc,
     check_name,
     close_dir,
     open_dir,
+    open_dir_at,
     pwrite_piece,
     set_mtime,
     set_xattrs,
@@ -688,7 +688,7 @@ class Restorer:
             if st.st_dev != self._root_dev:
                 self.result.warnings.append(f"{path!r}: mount point left in place")
                 return
-            cfd = os.open(name, O_DIR, dir_fd=fd)
+            cfd = open_dir_at(fd, name)
             try:
                 kept = self._empty_dir(cfd, path)
             except BaseException:
@@ -768,7 +768,7 @@ class Restorer:
                     self.result.warnings.append(f"{path!r}: mount point left in place")
                     kept = True
                     continue
-                cfd = os.open(name, O_DIR, dir_fd=dfd)
+                cfd = open_dir_at(dfd, name)
                 try:
                     child_kept = walk(cfd, path)
                 except BaseException:

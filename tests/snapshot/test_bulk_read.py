@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from sprite_env.snapshot import capture as capture_mod
 from sprite_env.snapshot.capture import BULK_FILES, BULK_GROUPS, IN_PLACE_MIN, capture
 from sprite_env.snapshot.dircache import RACY_NS
+from sprite_env.snapshot.fsmeta import O_DIR
 from sprite_env.store import pack
 from sprite_env.store.chunker import DEFAULT_MAX, DEFAULT_MIN, Chunker
 from sprite_env.store.repository import open_store
@@ -346,7 +347,7 @@ def test_open_at_and_close_fd_are_os_open_and_close(tmp_path: os.PathLike[str]) 
     os.symlink("d", os.path.join(top, "link"))
     dfd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fd = native.open_at(dfd, b"d", capture_mod.O_DIR)
+        fd = native.open_at(dfd, b"d", O_DIR)
         assert os.path.samestat(os.fstat(fd), os.stat(os.path.join(top, "d")))
         assert not os.get_inheritable(fd)  # O_CLOEXEC, as os.open gives
         native.close_fd(fd)
@@ -355,13 +356,13 @@ def test_open_at_and_close_fd_are_os_open_and_close(tmp_path: os.PathLike[str]) 
         with pytest.raises(OSError, match="Bad file descriptor"):
             native.close_fd(fd)
         with pytest.raises(FileNotFoundError) as gone:
-            native.open_at(dfd, b"nope", capture_mod.O_DIR)
+            native.open_at(dfd, b"nope", O_DIR)
         assert gone.value.filename == b"nope"
         with pytest.raises(OSError, match="link") as link:  # O_NOFOLLOW: refused, not followed
-            native.open_at(dfd, b"link", capture_mod.O_DIR)
+            native.open_at(dfd, b"link", O_DIR)
         assert link.value.errno in (errno.ELOOP, errno.ENOTDIR)
         with pytest.raises(ValueError, match="NUL"):
-            native.open_at(dfd, b"d\0x", capture_mod.O_DIR)
+            native.open_at(dfd, b"d\0x", O_DIR)
         for creating in (os.O_CREAT | os.O_WRONLY, os.O_TMPFILE | os.O_WRONLY):
             with pytest.raises(ValueError, match="O_CREAT"):
                 native.open_at(dfd, b"new", creating)
