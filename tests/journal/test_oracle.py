@@ -292,6 +292,8 @@ SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+#: Through overlayfs, slower: fewer examples.
+MERGED_SETTINGS = settings(SETTINGS, max_examples=20)
 
 
 @SETTINGS
@@ -306,11 +308,7 @@ def test_journal_capture_equals_a_walk_that_trusts_nothing(
     _run(data, harness_for(layer, Journal(layer)), World(layer), restart_root=layer)
 
 
-@settings(
-    max_examples=20,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@MERGED_SETTINGS
 @given(data=st.data())
 def test_through_overlayfs_merged(data: Any, overlay: tuple[str, str], harness_for: Any) -> None:
     upper, merged = overlay
@@ -323,11 +321,7 @@ def test_through_overlayfs_merged(data: Any, overlay: tuple[str, str], harness_f
 
 
 @seed(55499370247811033847672348003603778203)
-@settings(
-    max_examples=20,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@MERGED_SETTINGS
 @given(data=st.data())
 def test_through_overlayfs_merged_a_stale_name(
     data: Any, overlay: tuple[str, str], harness_for: Any
