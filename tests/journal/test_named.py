@@ -48,6 +48,13 @@ def _check(h: Harness, r: CaptureResult) -> None:
     assert _counts(r) == _counts(truth)
 
 
+def _check_full(h: Harness, r: CaptureResult, why: str) -> None:
+    """``r`` walked everything, for a reason naming ``why``, and holds the truth."""
+    assert r.walk == "full"
+    assert why in r.walk_reason
+    assert r.top_tree == h.truth()
+
+
 def _wide(layer: str, harness_for: Any) -> tuple[Harness, str]:
     wide = os.path.join(layer, "deep", "er", "wide")
     os.makedirs(os.path.join(wide, "sub", "subsub"))
@@ -203,10 +210,7 @@ def test_a_hard_link_made_and_removed_within_an_epoch(layer: str, harness_for: A
             os.utime(os.path.join(layer, "other", "ln"), ns=(10**18, 10**18))
             os.unlink(os.path.join(layer, "other", "ln"))
             time.sleep(0.06)
-            r = h.capture()
-            assert r.walk == "full"
-            assert "link" in r.walk_reason
-            assert r.top_tree == h.truth()
+            _check_full(h, h.capture(), "link")
     finally:
         h.journal.close()
 
@@ -239,9 +243,6 @@ def test_a_link_made_then_its_first_name_removed_keeps_the_journal(
         os.link(os.path.join(objects, "o0"), os.path.join(wide, "again"))
         h.journal.poll()
         time.sleep(0.06)
-        r = h.capture()
-        assert r.walk == "full"
-        assert "several links" in r.walk_reason
-        assert r.top_tree == h.truth()
+        _check_full(h, h.capture(), "several links")
     finally:
         h.journal.close()
