@@ -105,6 +105,7 @@ _libc.name_to_handle_at.argtypes = [
 _libc.name_to_handle_at.restype = ctypes.c_int
 MAX_HANDLE_SZ = 128
 AT_EMPTY_PATH = 0x1000
+AT_FDCWD = -100
 
 
 def _check(rc: int, what: str) -> int:
@@ -121,7 +122,7 @@ def fanotify_init(flags: int, event_f_flags: int) -> int:
 
 def fanotify_mark(fd: int, flags: int, mask: int, path: bytes) -> None:
     """``fanotify_mark(2)`` on ``path`` (absolute). Raises OSError."""
-    _check(_libc.fanotify_mark(fd, flags, mask, -100, path), "fanotify_mark")
+    _check(_libc.fanotify_mark(fd, flags, mask, AT_FDCWD, path), "fanotify_mark")
 
 
 def open_by_handle(mount_fd: int, handle: bytes, flags: int) -> int:
@@ -139,11 +140,21 @@ def open_by_handle(mount_fd: int, handle: bytes, flags: int) -> int:
 def handle_of(fd: int) -> bytes:
     """The handle of the object open at ``fd`` (``name_to_handle_at`` with AT_EMPTY_PATH),
     in :func:`decode`'s form: what fanotify reports for it."""
+    return _name_to_handle(fd, b"", AT_EMPTY_PATH)
+
+
+def handle_at(path: bytes) -> bytes:
+    """The handle of what ``path`` names, not following a last symlink, in :func:`decode`'s
+    form. Raises OSError (ENOENT, ENOTDIR as ``lstat`` would)."""
+    return _name_to_handle(AT_FDCWD, path, 0)
+
+
+def _name_to_handle(dirfd: int, path: bytes, flags: int) -> bytes:
     buf = ctypes.create_string_buffer(8 + MAX_HANDLE_SZ)
     struct.pack_into("<I", buf, 0, MAX_HANDLE_SZ)
     mount_id = ctypes.c_int()
     _check(
-        _libc.name_to_handle_at(fd, b"", buf, ctypes.byref(mount_id), AT_EMPTY_PATH),
+        _libc.name_to_handle_at(dirfd, path, buf, ctypes.byref(mount_id), flags),
         "name_to_handle_at",
     )
     n, htype = struct.unpack_from("<Ii", buf, 0)
@@ -177,6 +188,9 @@ class Batch:
     #: (directory handle, name) of every create, delete or move of a child: the names of
     #: ``names`` an entry event explains (the others only named a child's data or metadata).
     entries: set[tuple[bytes, bytes]] = field(default_factory=set)
+    #: (directory handle, name, file handle) of every other event naming a child: which
+    #: file each of those names was a name of when the event came (see Journal._resolve).
+    named_objects: set[tuple[bytes, bytes, bytes]] = field(default_factory=set)
     foreign: int = 0
     overflow: bool = False
     events: int = 0
@@ -247,6 +261,8 @@ def decode(buf: bytes, fsid: tuple[int, int], into: Batch) -> None:
                 into.entries.add((dir_handle, name))
                 if ondir:
                     children.add((dir_handle, name))
+            elif obj_handle is not None:
+                into.named_objects.add((dir_handle, name, obj_handle))
         elif dir_handle is not None:  # an event on the directory itself
             selves.add(dir_handle)
         elif obj_handle is not None:

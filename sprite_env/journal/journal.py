@@ -466,6 +466,16 @@ class Journal:
             raise _Doubt("a file's handle resolved to a path that names another file")
         return rel
 
+    def _linked(self, handle: bytes) -> bool:
+        """Whether the file of ``handle`` still has a name (anywhere on the file system)."""
+        fd = self._open(handle)
+        if fd is None:
+            return False
+        try:
+            return os.fstat(fd).st_nlink > 0
+        finally:
+            os.close(fd)
+
     def _resolve(self, batch: fan.Batch, known: _Resolved) -> _Found:
         """Turns handles into the dirty, void and named paths of a hint.
 
@@ -511,27 +521,41 @@ class Journal:
                 # oracle: ``ln a/b/a a/d``, ``utime a/d``, ``rm a/d`` in one epoch left
                 # a/b/a's new mtime unseen). Its other names are lost: walk everything.
                 raise _Doubt("a hard link was made or removed (a link count changed)")
+        # Which files the names of the epoch's data and metadata events named when each
+        # event came: a name that now names another file (or none) is stale (below).
+        named_objects: dict[tuple[bytes, bytes], set[bytes]] = {}
+        for h, name, obj in batch.named_objects:
+            named_objects.setdefault((h, name), set()).add(obj)
         for h, name in batch.names - batch.entries:
             rel = self._dir_path(h, cache)
             if rel is None:
                 continue
             where = b"/".join(p for p in (self.root, rel) if p)
             try:
-                os.lstat(where + b"/" + name)
-            except NotADirectoryError:
-                continue  # the directory left this path: that is an event of its own
-            except FileNotFoundError:
+                now = fan.handle_at(where + b"/" + name)
+            except OSError as e:
+                if e.errno == errno.ENOTDIR:
+                    continue  # the directory left this path: that is an event of its own
+                if e.errno != errno.ENOENT:
+                    why = os.strerror(e.errno or 0)
+                    raise _Doubt(f"cannot look up a name an event gave ({why})") from None
                 if not _is_dir(where):
                     continue  # likewise (a path resolved ahead, before the move)
-                # An event on a file's data or metadata named a name no create, delete or
-                # move of this epoch explains, and nothing is there: the file was changed
-                # through another name. overlayfs reports a write through MERGED under the
-                # name its upper file was first looked up by, which a link and an unlink
-                # through MERGED leave stale (the oracle: ``ln c/d/f4 a/b/c``, ``rm
-                # c/d/f4``, a capture, then a write to a/b/c, reported as c/d/f4: a/b/c
-                # kept its old entry). Where that name is a file again the check cannot
-                # tell (see the note in the README's journal section).
-                raise _Doubt("an event named a file by a name it does not have") from None
+                now = None
+            # An event on a file's data or metadata named a name no create, delete or move
+            # of this epoch explains, and the file it was about is not there: the name is
+            # stale. A write through a descriptor is reported under the name it was opened
+            # by, which the file may have lost since (``rm``, or ``ln`` then ``rm`` through
+            # overlayfs MERGED, which reports writes under the name its upper file was first
+            # looked up by; the oracle: ``ln c/d/f4 a/b/c``, ``rm c/d/f4``, a capture, then
+            # a write to a/b/c, reported as c/d/f4: a/b/c kept its old entry). A file that
+            # is in no directory any more has no entry to change; one that still is lives
+            # under a name no event gave: walk everything.
+            for obj in named_objects.get((h, name), ()):
+                if obj != now and self._linked(obj):
+                    if now is None:
+                        raise _Doubt("an event named a file by a name it does not have")
+                    raise _Doubt("an event named a file by a name another file has now")
         return found
 
     def _mounts_under_root(self) -> frozenset[str]:

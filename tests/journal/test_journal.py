@@ -237,6 +237,30 @@ def test_writes_through_overlayfs_merged_reach_the_upper_layer(
             os.close(fd)
 
 
+def test_writes_to_a_removed_file_through_its_descriptor_are_no_doubt(layer: str) -> None:
+    """A log still written after its name was removed: the events name "log", which names
+    nothing (then another file); the file they are about is in no directory, so no entry
+    can have changed, and the next walk stays journal-driven (see Journal._linked)."""
+    write_file(f"{layer}/log", b"1\n")
+    fd = os.open(f"{layer}/log", os.O_WRONLY | os.O_APPEND)
+    try:
+        with started(layer) as j:
+            os.unlink(f"{layer}/log")
+            assert b"" in dirty_after(j)[0]
+            os.write(fd, b"2\n")
+            assert dirty_after(j)[0] == {b""}
+            write_file(f"{layer}/log", b"a new log\n")
+            assert dirty_after(j)[0] == {b""}
+            os.write(fd, b"3\n")
+            assert dirty_after(j)[0] == {b""}
+            os.close(fd)
+            fd = -1
+            assert dirty_after(j)[0] == {b""}
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def test_force_full_makes_the_next_walk_full_once(layer: str) -> None:
     with started(layer) as j:
         j.force_full("the daemon rewrote the layer itself")

@@ -334,6 +334,66 @@ def test_through_overlayfs_merged_a_stale_name(
     test_through_overlayfs_merged.hypothesis.inner_test(data, overlay, harness_for)
 
 
+def _stale_name_another_file_took(h: Any, j: Journal, root: str) -> None:
+    os.makedirs(f"{root}/a/b")
+    os.makedirs(f"{root}/c/d")
+    with open(f"{root}/c/d/f4", "wb") as f:
+        f.write(b"the first name's file\n")
+    time.sleep(0.06)  # past the racy window: the walks below may keep what they did not see
+    h.capture()
+    fd = os.open(f"{root}/c/d/f4", os.O_WRONLY | os.O_APPEND)
+    try:
+        os.link(f"{root}/c/d/f4", f"{root}/a/b/c")
+        os.unlink(f"{root}/c/d/f4")
+        time.sleep(0.06)
+        assert h.capture().top_tree == h.truth()
+        with open(f"{root}/c/d/f4", "wb") as f:
+            f.write(b"another file at the old name\n")
+        time.sleep(0.06)
+        r = h.capture()
+        assert r.walk == "journal", r.walk_reason
+        assert r.top_tree == h.truth()
+        os.write(fd, b"a write through the descriptor of the first name\n")
+        time.sleep(0.06)
+        r = h.capture()
+        assert r.top_tree == h.truth()
+        assert (r.walk, r.walk_reason) == (
+            "full",
+            "an event named a file by a name another file has now",
+        )
+    finally:
+        os.close(fd)  # its close-write names c/d/f4 too: a doubt again
+    time.sleep(0.06)
+    r = h.capture()
+    assert r.walk_reason == "an event named a file by a name another file has now"
+    assert r.top_tree == h.truth()
+    with open(f"{root}/c/d/f4", "ab") as f:  # the new file, by its own name
+        f.write(b"more\n")
+    time.sleep(0.06)
+    r = h.capture()
+    assert r.walk == "journal", r.walk_reason
+    assert r.top_tree == h.truth()
+
+
+def test_a_stale_name_another_file_took(layer: str, harness_for: Any) -> None:
+    """A write through a descriptor opened by a name since removed is reported under that
+    name (the descriptor's dentry keeps it): where a new file now has the name, the event's
+    own file handle is not that file's, a doubt, and the walk full (the file lives on as
+    a/b/c, a directory no event named)."""
+    with Journal(layer) as j:
+        _stale_name_another_file_took(harness_for(layer, j), j, layer)
+
+
+def test_through_overlayfs_merged_a_stale_name_another_file_took(
+    overlay: tuple[str, str], harness_for: Any
+) -> None:
+    """The same through MERGED, where overlayfs also reports writes by a later name under
+    the name the upper file was first looked up by (see the test above this one)."""
+    upper, merged = overlay
+    with Journal(upper, views=[merged], overlay=True) as j:
+        _stale_name_another_file_took(harness_for(upper, j), j, merged)
+
+
 def test_overflow_falls_back_to_a_full_walk_and_loses_nothing(
     fs: str, layer: str, harness_for: Any
 ) -> None:
