@@ -1,7 +1,7 @@
 /*
  * bulkread_py.c - the CPython binding of bulkread.c: read_start, read_finish, read_files;
- * and lstat_names, open_at, close_fd and set_mtime: system calls of the walks made with
- * the GIL kept.
+ * and lstat_names, open_at, close_fd, set_mtime and handle_at: system calls of the walks
+ * and the journal made with the GIL kept.
  *
  * Added to module sprite_env._native by bulkread_add_functions() (called from _native.c's
  * exec slot). Typed stub: sprite_env/_native.pyi.
@@ -355,6 +355,45 @@ static PyObject *native_open_at(PyObject *self, PyObject *args)
     return PyLong_FromLong(fd);
 }
 
+PyDoc_STRVAR(handle_at_doc,
+"handle_at(path, /) -> bytes\n--\n\n"
+"The file handle of what path names (name_to_handle_at(2), not following a last symlink),\n"
+"as fanotify reports one: handle_type (int32, native order) then f_handle. The journal asks\n"
+"it for each name of a step's data events (3.6k in the medium layer's step): through\n"
+"ctypes 4 us more a name than os.lstat. The GIL is kept (see open_at). Raises OSError\n"
+"with the path; ValueError for a path with a NUL.");
+
+static PyObject *native_handle_at(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    if (!PyBytes_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "handle_at: path must be bytes");
+        return NULL;
+    }
+    if ((Py_ssize_t)strlen(PyBytes_AS_STRING(arg)) != PyBytes_GET_SIZE(arg)) {
+        PyErr_SetString(PyExc_ValueError, "path must be bytes without NUL");
+        return NULL;
+    }
+    union {
+        struct file_handle fh;
+        unsigned char raw[sizeof(struct file_handle) + MAX_HANDLE_SZ];
+    } buf;
+    buf.fh.handle_bytes = MAX_HANDLE_SZ;
+    int mount_id;
+    if (name_to_handle_at(AT_FDCWD, PyBytes_AS_STRING(arg), &buf.fh, &mount_id, 0) != 0) {
+        return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, arg);
+    }
+    unsigned int n = buf.fh.handle_bytes;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(sizeof(int) + n));
+    if (out == NULL) {
+        return NULL;
+    }
+    char *p = PyBytes_AS_STRING(out);
+    memcpy(p, &buf.fh.handle_type, sizeof(int));
+    memcpy(p + sizeof(int), buf.fh.f_handle, n);
+    return out;
+}
+
 PyDoc_STRVAR(close_fd_doc,
 "close_fd(fd, /) -> None\n--\n\n"
 "os.close(fd) with the GIL kept (see open_at): for descriptors whose close cannot wait,\n"
@@ -405,6 +444,7 @@ static PyMethodDef bulkread_methods[] = {
     {"set_mtime", native_set_mtime, METH_VARARGS, set_mtime_doc},
     {"open_at", native_open_at, METH_VARARGS, open_at_doc},
     {"close_fd", native_close_fd, METH_O, close_fd_doc},
+    {"handle_at", native_handle_at, METH_O, handle_at_doc},
     {"lstat_names", native_lstat_names, METH_VARARGS, lstat_names_doc},
     {"read_start", native_read_start, METH_VARARGS, read_start_doc},
     {"read_finish", native_read_finish, METH_O, read_finish_doc},

@@ -232,6 +232,15 @@ def set_mtime(fd: int, ns: int, /) -> None:
         OSError: as ``os.utime``.
     """
 
+def handle_at(path: bytes, /) -> bytes:
+    """The file handle of what ``path`` names (``name_to_handle_at``, not following a last
+    symlink) as fanotify reports one: ``handle_type`` (int32) then ``f_handle``.
+
+    Raises:
+        OSError: as ``os.lstat`` would, with the path (and EOPNOTSUPP, EOVERFLOW).
+        ValueError: a path with a NUL.
+    """
+
 def close_fd(fd: int, /) -> None:
     """``os.close(fd)`` with the GIL kept (for a descriptor whose close cannot wait).
 

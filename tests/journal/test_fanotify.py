@@ -6,6 +6,8 @@ import errno
 import os
 from typing import TYPE_CHECKING
 
+import pytest
+
 from sprite_env.journal import fanotify as fan
 from tests.helpers.daemon import write_file
 
@@ -147,6 +149,31 @@ def test_a_full_queue_reports_overflow(layer: str) -> None:
             os.close(os.open(f"{layer}/many/{i}", os.O_CREAT | os.O_WRONLY, 0o644))
         b = g.read()
         assert b.overflow
+    finally:
+        g.close()
+
+
+def test_handle_at_is_the_handle_a_data_event_reports_for_its_file(layer: str) -> None:
+    """``handle_at`` (the extension's, and the ctypes one beside it) gives what a write's
+    event carries as its file's handle, for the name it names; a symlink's own handle, not
+    its target's; and the errors ``lstat`` would."""
+    os.mkdir(f"{layer}/d")
+    write_file(f"{layer}/d/f", b"1")
+    os.symlink("f", f"{layer}/d/s")
+    g = Group(layer)
+    try:
+        with open(f"{layer}/d/f", "ab") as f:
+            f.write(b"2")
+        batch = g.read()
+        ((d, name, obj),) = {t for t in batch.named_objects if t[1] == b"f"}
+        path = f"{layer}/d/f".encode()
+        assert fan.handle_at(path) == obj
+        assert fan._name_to_handle(fan.AT_FDCWD, path, 0) == obj
+        assert fan.handle_at(f"{layer}/d/s".encode()) not in (obj, d)
+        with pytest.raises(FileNotFoundError):
+            fan.handle_at(f"{layer}/d/nothing".encode())
+        with pytest.raises(NotADirectoryError):
+            fan.handle_at(f"{layer}/d/f/under".encode())
     finally:
         g.close()
 
