@@ -466,15 +466,38 @@ class Journal:
             raise _Doubt("a file's handle resolved to a path that names another file")
         return rel
 
-    def _linked(self, handle: bytes) -> bool:
-        """Whether the file of ``handle`` still has a name (anywhere on the file system)."""
+    def _lost_name_path(self, handle: bytes) -> bytes | None:
+        """Where the file of ``handle`` is now, relative to the root, for an event that named
+        it by a name it has lost (see :meth:`_resolve`); None if it is in no directory.
+
+        Raises:
+            _Doubt: its place cannot be vouched for: several links (the others unnamed),
+                a path outside the layer (moved out, or a dentry the kernel could not
+                connect to its directory, whose path says nothing), or a path that names
+                another file now.
+        """
         fd = self._open(handle)
         if fd is None:
-            return False
+            return None  # gone
         try:
-            return os.fstat(fd).st_nlink > 0
+            st = os.fstat(fd)
+            if st.st_nlink == 0:
+                return None  # removed, still open: no entry anywhere to change
+            if st.st_nlink > 1:
+                raise _Doubt("a file with several links was changed under a name it lost")
+            path = os.readlink(b"/proc/self/fd/%d" % fd)
         finally:
             os.close(fd)
+        rel = self._rel(path)
+        if not rel:
+            raise _Doubt("a file changed under a name it lost is not found in the layer")
+        try:
+            lst = os.lstat(path)
+        except FileNotFoundError:
+            lst = None
+        if lst is None or (lst.st_dev, lst.st_ino) != (st.st_dev, st.st_ino):
+            raise _Doubt("a file's handle resolved to a path that names another file")
+        return rel
 
     def _resolve(self, batch: fan.Batch, known: _Resolved) -> _Found:
         """Turns handles into the dirty, void and named paths of a hint.
@@ -548,14 +571,15 @@ class Journal:
             # by, which the file may have lost since (``rm``, or ``ln`` then ``rm`` through
             # overlayfs MERGED, which reports writes under the name its upper file was first
             # looked up by; the oracle: ``ln c/d/f4 a/b/c``, ``rm c/d/f4``, a capture, then
-            # a write to a/b/c, reported as c/d/f4: a/b/c kept its old entry). A file that
-            # is in no directory any more has no entry to change; one that still is lives
-            # under a name no event gave: walk everything.
+            # a write to a/b/c, reported as c/d/f4: a/b/c kept its old entry; an O_TMPFILE
+            # written before its ``linkat`` is "#<inode>"). The capture must look where the
+            # file is now: found from its own handle, and named there like any event's
+            # child; a file in no directory has no entry to change.
             for obj in named_objects.get((h, name), ()):
-                if obj != now and self._linked(obj):
-                    if now is None:
-                        raise _Doubt("an event named a file by a name it does not have")
-                    raise _Doubt("an event named a file by a name another file has now")
+                if obj != now:
+                    lost = self._lost_name_path(obj)
+                    if lost is not None:
+                        found.name(_parent(lost), _base(lost))
         return found
 
     def _mounts_under_root(self) -> frozenset[str]:

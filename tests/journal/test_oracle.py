@@ -334,12 +334,20 @@ def test_through_overlayfs_merged_a_stale_name(
     test_through_overlayfs_merged.hypothesis.inner_test(data, overlay, harness_for)
 
 
-def _stale_name_another_file_took(h: Any, j: Journal, root: str) -> None:
+def _capture_by_journal(h: Any) -> None:
+    time.sleep(0.06)  # past the racy window: the walk may keep what no event named
+    r = h.capture()
+    assert r.walk == "journal", r.walk_reason
+    assert r.top_tree == h.truth()
+
+
+def _stale_names(h: Any, root: str) -> None:
     os.makedirs(f"{root}/a/b")
     os.makedirs(f"{root}/c/d")
+    os.makedirs(f"{root}/e")
     with open(f"{root}/c/d/f4", "wb") as f:
         f.write(b"the first name's file\n")
-    time.sleep(0.06)  # past the racy window: the walks below may keep what they did not see
+    time.sleep(0.06)
     h.capture()
     fd = os.open(f"{root}/c/d/f4", os.O_WRONLY | os.O_APPEND)
     try:
@@ -347,51 +355,83 @@ def _stale_name_another_file_took(h: Any, j: Journal, root: str) -> None:
         os.unlink(f"{root}/c/d/f4")
         time.sleep(0.06)
         assert h.capture().top_tree == h.truth()
+        os.write(fd, b"a write through the descriptor of the removed name\n")
+        _capture_by_journal(h)  # reported as c/d/f4, which names nothing: a/b/c is looked at
         with open(f"{root}/c/d/f4", "wb") as f:
             f.write(b"another file at the old name\n")
-        time.sleep(0.06)
-        r = h.capture()
-        assert r.walk == "journal", r.walk_reason
-        assert r.top_tree == h.truth()
-        os.write(fd, b"a write through the descriptor of the first name\n")
-        time.sleep(0.06)
-        r = h.capture()
-        assert r.top_tree == h.truth()
-        assert (r.walk, r.walk_reason) == (
-            "full",
-            "an event named a file by a name another file has now",
-        )
+        _capture_by_journal(h)
+        os.write(fd, b"and again, the old name another file's now\n")
+        _capture_by_journal(h)
     finally:
-        os.close(fd)  # its close-write names c/d/f4 too: a doubt again
-    time.sleep(0.06)
-    r = h.capture()
-    assert r.walk_reason == "an event named a file by a name another file has now"
-    assert r.top_tree == h.truth()
+        os.close(fd)  # its close-write names c/d/f4 too
+    _capture_by_journal(h)
     with open(f"{root}/c/d/f4", "ab") as f:  # the new file, by its own name
         f.write(b"more\n")
-    time.sleep(0.06)
-    r = h.capture()
-    assert r.walk == "journal", r.walk_reason
-    assert r.top_tree == h.truth()
+    _capture_by_journal(h)
+
+    # A file with several names, written under one it lost: its other names are unknown.
+    fd = os.open(f"{root}/e/g", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.link(f"{root}/e/g", f"{root}/e/h")
+        os.link(f"{root}/e/g", f"{root}/a/k")
+        os.unlink(f"{root}/e/g")
+        time.sleep(0.06)
+        assert h.capture().top_tree == h.truth()
+        os.write(fd, b"a write to a/k and e/h\n")
+        time.sleep(0.06)
+        r = h.capture()
+        assert (r.walk, r.walk_reason) == (
+            "full",
+            "a file with several links was changed under a name it lost",
+        )
+        assert r.top_tree == h.truth()
+    finally:
+        os.close(fd)
 
 
-def test_a_stale_name_another_file_took(layer: str, harness_for: Any) -> None:
+def test_writes_under_a_name_the_file_lost(layer: str, harness_for: Any) -> None:
     """A write through a descriptor opened by a name since removed is reported under that
-    name (the descriptor's dentry keeps it): where a new file now has the name, the event's
-    own file handle is not that file's, a doubt, and the walk full (the file lives on as
-    a/b/c, a directory no event named)."""
+    name (the descriptor's dentry keeps it), whether or not another file has it now: the
+    file, found by the event's own handle, lives on as a/b/c, in a directory no event
+    named, and the journal names it there. Before, the walk kept a/b/c's old entry when
+    the old name was a file again (a doubt only while it named nothing)."""
     with Journal(layer) as j:
-        _stale_name_another_file_took(harness_for(layer, j), j, layer)
+        _stale_names(harness_for(layer, j), layer)
 
 
-def test_through_overlayfs_merged_a_stale_name_another_file_took(
+def test_through_overlayfs_merged_writes_under_a_name_the_file_lost(
     overlay: tuple[str, str], harness_for: Any
 ) -> None:
     """The same through MERGED, where overlayfs also reports writes by a later name under
     the name the upper file was first looked up by (see the test above this one)."""
     upper, merged = overlay
     with Journal(upper, views=[merged], overlay=True) as j:
-        _stale_name_another_file_took(harness_for(upper, j), j, merged)
+        _stale_names(harness_for(upper, j), merged)
+
+
+def test_an_o_tmpfile_written_before_and_after_its_linkat(layer: str, harness_for: Any) -> None:
+    """tmpfs names an O_TMPFILE "#<inode>" in its directory's events: a name no file has.
+    Unlinked, it is in no directory; linked (``linkat``), the journal finds it by its
+    handle. Every walk stays journal-driven."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    os.mkdir(f"{layer}/d")
+    with Journal(layer) as j:
+        h = harness_for(layer, j)
+        time.sleep(0.06)
+        h.capture()
+        fd = os.open(f"{layer}/d", os.O_TMPFILE | os.O_WRONLY, 0o640)
+        try:
+            os.write(fd, b"written before it has a name\n")
+            _capture_by_journal(h)
+            at_empty_path = 0x1000
+            path = f"{layer}/d/new".encode()
+            assert libc.linkat(fd, b"", -100, path, at_empty_path) == 0, ctypes.get_errno()
+            _capture_by_journal(h)
+            os.write(fd, b"and after\n")
+            _capture_by_journal(h)
+        finally:
+            os.close(fd)
+        _capture_by_journal(h)
 
 
 def test_overflow_falls_back_to_a_full_walk_and_loses_nothing(
