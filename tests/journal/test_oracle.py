@@ -329,8 +329,8 @@ def test_through_overlayfs_merged_a_stale_name(
     """The run of ``test_through_overlayfs_merged`` that found the stale-name miss (CI of
     10bf9ab; reproduced with this seed on ee1c932 and f1ac4ac): through MERGED, a file
     linked as a/b/c and its first name c/d/f4 removed, a later write to a/b/c was reported
-    under c/d/f4, and a journal walk kept a/b/c's old entry. Now the stale name is a
-    doubt (``Journal._resolve``) and the walk full. Its 20 examples, 5 s."""
+    under c/d/f4, and a journal walk kept a/b/c's old entry. Now the event's own file
+    handle finds the file where it is (``Journal._resolve``). Its 20 examples, 5 s."""
     test_through_overlayfs_merged.hypothesis.inner_test(data, overlay, harness_for)
 
 
