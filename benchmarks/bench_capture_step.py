@@ -26,7 +26,9 @@ with the walk it took and how many files it read. Then, untimed, each worker res
 next round's data are new to the store). Round 0 follows the first checkpoint; every
 later round follows an undo, as in ``bench_step.py``.
 
-``--pyspy`` records each timed checkpoint with ``py-spy record --idle`` (raw stacks in
+``--base-no-journal`` runs the base without the change journal (every capture a full walk,
+as ``--no-journal``): with ``--base`` and ``--new`` the same, the journal against the walk
+it replaces. ``--pyspy`` records each timed checkpoint with ``py-spy record --idle`` (raw stacks in
 ``--work``) and prints the share of the worker's main thread in the functions that matter.
 
 Wall times move with the load of this shared machine (``os.getloadavg`` is printed with
@@ -76,8 +78,9 @@ FRAMES = (
 # -- the worker (runs the frozen sprite-env) ------------------------------------------------
 
 
-def worker(layer: str, store: str) -> None:
-    """Serves ``create`` / ``undo`` / ``quit`` lines on stdin, one JSON line each on stdout."""
+def worker(layer: str, store: str, journal_on: bool = True) -> None:
+    """Serves ``create`` / ``undo`` / ``quit`` lines on stdin, one JSON line each on stdout;
+    without ``journal_on``, every capture is a full walk (``--no-journal``'s)."""
     from sprite_env.checkpoints import Engine
     from sprite_env.checkpoints import engine as engine_mod
     from sprite_env.journal import Journal
@@ -113,11 +116,11 @@ def worker(layer: str, store: str) -> None:
     writer_mod.StoreWriter.__init__ = recorded_writer  # type: ignore[method-assign]
     engine_mod.capture = timed
     capture_mod.Capturer = Recorded
-    journal = Journal(layer)
+    journal = Journal(layer) if journal_on else None
     stop = threading.Event()
 
     def poll() -> None:
-        while not stop.wait(0.01):
+        while journal is not None and not stop.wait(0.01):
             journal.poll()
 
     threading.Thread(target=poll, daemon=True).start()
@@ -166,7 +169,8 @@ def worker(layer: str, store: str) -> None:
             else:
                 break
     stop.set()
-    journal.close()
+    if journal is not None:
+        journal.close()
 
 
 # -- the driver ---------------------------------------------------------------------------
@@ -226,12 +230,13 @@ def mutate(root: str, data: str) -> float:
 
 
 class Worker:
-    def __init__(self, name: str, src: str, layer: str, store: str) -> None:
+    def __init__(self, name: str, src: str, layer: str, store: str, journal: bool = True) -> None:
         self.name = name
         shutil.rmtree(store, ignore_errors=True)
         env = {**os.environ, "PYTHONPATH": src}
+        argv = [sys.executable, "-P", os.path.abspath(__file__), "--worker", layer, store]
         self.proc = subprocess.Popen(
-            [sys.executable, "-P", os.path.abspath(__file__), "--worker", layer, store],
+            [*argv, *([] if journal else ["--worker-no-journal"])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -323,10 +328,16 @@ def main() -> int:
     ap.add_argument("--fresh", action="store_true", help="copy the layers again")
     ap.add_argument("--pyspy", action="store_true", help="record each timed checkpoint")
     ap.add_argument("--out", help="JSON results file")
+    ap.add_argument(
+        "--base-no-journal",
+        action="store_true",
+        help="the base runs without the change journal (every capture a full walk)",
+    )
     ap.add_argument("--worker", nargs=2, metavar=("LAYER", "STORE"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker-no-journal", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(*args.worker)
+        worker(*args.worker, journal_on=not args.worker_no_journal)
         return 0
     if os.geteuid() != 0:
         ap.error("needs root (fanotify)")
@@ -353,8 +364,14 @@ def main() -> int:
                 open(layer + ".complete", "w").close()
             log(f"{v} ({commits[v]}): first checkpoint of {layer} ...")
             w = Worker(
-                v, os.path.join(args.work, f"src-{v}"), layer, os.path.join(args.work, f"store-{v}")
+                v,
+                os.path.join(args.work, f"src-{v}"),
+                layer,
+                os.path.join(args.work, f"store-{v}"),
+                journal=not (v == "base" and args.base_no_journal),
             )
+            if v == "base" and args.base_no_journal:
+                commits[v] += " --no-journal"
             workers[v] = w
             log(f"  {w.ready['files']} files, {w.ready['first_s']:.1f} s")
         for r in range(args.rounds):
