@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sprite_env import mountinfo
+from sprite_env import mountinfo, procfs
 from sprite_env.errors import SpriteError
 from sprite_env.journal import fanotify as fan
 
@@ -458,12 +458,7 @@ class Journal:
             # their directories are walked every time (see capture.WalkMemo.link_dirs), or
             # were just created, which is an event of their own.
             return None
-        try:
-            lst = os.lstat(path)
-        except FileNotFoundError:
-            lst = None
-        if lst is None or (lst.st_dev, lst.st_ino) != (st.st_dev, st.st_ino):
-            raise _Doubt("a file's handle resolved to a path that names another file")
+        _same_file(path, st)
         return rel
 
     def _lost_name_path(self, handle: bytes) -> bytes | None:
@@ -491,12 +486,7 @@ class Journal:
         rel = self._rel(path)
         if not rel:
             raise _Doubt("a file changed under a name it lost is not found in the layer")
-        try:
-            lst = os.lstat(path)
-        except FileNotFoundError:
-            lst = None
-        if lst is None or (lst.st_dev, lst.st_ino) != (st.st_dev, st.st_ino):
-            raise _Doubt("a file's handle resolved to a path that names another file")
+        _same_file(path, st)
         return rel
 
     def _resolve(self, batch: fan.Batch, known: _Resolved) -> _Found:
@@ -599,7 +589,7 @@ class Journal:
         for pid in os.listdir(b"/proc"):
             if not pid.isdigit():
                 continue
-            data = _read_proc(b"/proc/" + pid + b"/maps")
+            data = procfs.read(b"/proc/" + pid + b"/maps")
             if not data or not any(p in data for p in prefixes):
                 continue  # exited, not ours to read, or nothing of the layer mapped
             for line in data.split(b"\n"):
@@ -725,22 +715,15 @@ def open_epoch(journal: ChangeJournal | None, *, deferred: bool = False) -> Iter
             journal.commit(plan, ep.memo)
 
 
-def _read_proc(path: bytes) -> bytes:
-    """A ``/proc`` file whole (``b""`` if it cannot be read: the process exited, or is not
-    ours to look at)."""
+def _same_file(path: bytes, st: os.stat_result) -> None:
+    """Raises a doubt unless ``path`` names the file ``st`` describes (a handle's path read
+    from ``/proc/self/fd`` is where the file was when the kernel last saw it named)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return b""
-    chunks = []
-    try:
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
-    return b"".join(chunks)
+        lst = os.lstat(path)
+    except FileNotFoundError:
+        lst = None
+    if lst is None or (lst.st_dev, lst.st_ino) != (st.st_dev, st.st_ino):
+        raise _Doubt("a file's handle resolved to a path that names another file")
 
 
 def _is_dir(path: bytes) -> bool:

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from sprite_env import procfs
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
@@ -288,7 +290,7 @@ def _uses(pid: int, prefixes: set[str]) -> list[str]:
         if target is not None and _below(target, prefixes):
             uses.append(f"fd {fd} {target}")
     mapped: set[str] = set()
-    data = _read_all(f"{base}/maps")
+    data = procfs.read(f"{base}/maps")
     # Parsed only where a prefix occurs: a create's pause scans every process twice, and
     # line by line a process's maps cost about 1 us a mapping (most have hundreds).
     if any(os.fsencode(p) in data for p in prefixes):
@@ -299,23 +301,6 @@ def _uses(pid: int, prefixes: set[str]) -> list[str]:
                 mapped.add(parts[5])
     uses.extend(f"map {m}" for m in sorted(mapped))
     return uses
-
-
-def _read_all(path: str) -> bytes:
-    """A ``/proc`` file whole, ``b""`` if it cannot be read (gone, or not ours)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return b""
-    chunks = []
-    try:
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
-    return b"".join(chunks)
 
 
 # -- signalling ------------------------------------------------------------------------------
