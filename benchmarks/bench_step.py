@@ -18,6 +18,8 @@ talked to over their Unix sockets:
    ``--no-journal`` (its store a copy of the first one's after the first checkpoint c0, so
    both hold the same c0), and a restic repository with snapshot b0 of L. Each round:
 
+   - before each timed sprite-env step, untimed, the daemon checkpoints L and deletes that
+     checkpoint (``fresh_epoch``), so that its timed one covers that step alone;
    - the undo of one step: ``mutate.sh`` on L, then, timed, POST
      /v1/checkpoints/c0/restore (its undo checkpoint stores the change, new to the store:
      every round deletes what the previous one stored, and the delete collects it); the
@@ -199,6 +201,15 @@ def delete(d: Daemon, *cids: str | None) -> float:
     return time.perf_counter() - t0
 
 
+def fresh_epoch(d: Daemon) -> None:
+    """Untimed: a checkpoint of the layer as it is now, then deleted, so that the daemon's
+    next timed checkpoint covers only what follows. The two daemons share the layer: without
+    it, the journal daemon's epoch also held the other daemon's restore and earlier runs of
+    ``mutate.sh`` (three steps' worth in a round's checkpoint), while a full walk costs the
+    same whatever came before."""
+    delete(d, create(d, "bench: a fresh epoch")["id"])
+
+
 def restore_root(d: Daemon, cid: str, cold: bool) -> dict[str, Any]:
     """POST /v1/checkpoints/CID/restore on a --root daemon, timed; with the undo
     checkpoint's walk."""
@@ -334,6 +345,7 @@ def part_root(
         sprites = [ON, OFF] if r % 2 == 0 else [OFF, ON]
         for name in sprites:
             dm = daemons[name]
+            fresh_epoch(dm)
             rnd.setdefault("mutations", []).append(mutate(live))
             run = restore_root(dm, c0["id"], cold)
             rnd["undo"][name] = run
@@ -357,6 +369,8 @@ def part_root(
             log(f"{tag}: undo {name:<24} {run['wall_s']:6.2f} s  {verdict(run.get('verify'))}")
 
         # the checkpoint after the change, then with no change
+        for name in (ON, OFF):
+            fresh_epoch(daemons[name])
         rnd["mutations"].append(mutate(live))
         order = [ON, OFF, RESTIC]
         order = order[r % 3 :] + order[: r % 3]
