@@ -201,13 +201,17 @@ def delete(d: Daemon, *cids: str | None) -> float:
     return time.perf_counter() - t0
 
 
-def fresh_epoch(d: Daemon) -> None:
-    """Untimed: a checkpoint of the layer as it is now, then deleted, so that the daemon's
-    next timed checkpoint covers only what follows. The two daemons share the layer: without
-    it, the journal daemon's epoch also held the other daemon's restore and earlier runs of
-    ``mutate.sh`` (three steps' worth in a round's checkpoint), while a full walk costs the
-    same whatever came before."""
-    delete(d, create(d, "bench: a fresh epoch")["id"])
+def _count(n: int | None) -> str:
+    return "?" if n is None else f"{n:,}"
+
+
+def fresh_epoch(d: Daemon) -> str:
+    """Untimed: a checkpoint of the layer as it is now (deleted with the round's others), so
+    that the daemon's next timed checkpoint covers only what follows. The two daemons share
+    the layer: without it, the journal daemon's epoch also held the other daemon's restore
+    and earlier runs of ``mutate.sh`` (three steps' worth in a round's checkpoint), while a
+    full walk costs the same whatever came before. Returns its id."""
+    return create(d, "bench: a fresh epoch")["id"]
 
 
 def restore_root(d: Daemon, cid: str, cold: bool) -> dict[str, Any]:
@@ -343,9 +347,10 @@ def part_root(
         tag = f"root: round {r + 1}/{len(temps)} ({'cold' if cold else 'warm'})"
         # the undo of one step
         sprites = [ON, OFF] if r % 2 == 0 else [OFF, ON]
+        fresh: dict[str, list[str]] = {ON: [], OFF: []}
         for name in sprites:
             dm = daemons[name]
-            fresh_epoch(dm)
+            fresh[name].append(fresh_epoch(dm))
             rnd.setdefault("mutations", []).append(mutate(live))
             run = restore_root(dm, c0["id"], cold)
             rnd["undo"][name] = run
@@ -370,7 +375,7 @@ def part_root(
 
         # the checkpoint after the change, then with no change
         for name in (ON, OFF):
-            fresh_epoch(daemons[name])
+            fresh[name].append(fresh_epoch(daemons[name]))
         rnd["mutations"].append(mutate(live))
         order = [ON, OFF, RESTIC]
         order = order[r % 3 :] + order[: r % 3]
@@ -390,7 +395,13 @@ def part_root(
         for name in (ON, OFF):
             dm = daemons[name]
             s = job(dm.socket, "POST", f"/v1/checkpoints/{c0['id']}/restore")
-            delete(dm, rnd["change"][name]["id"], rnd["nochange"][name]["id"], s.last.get("undo"))
+            delete(
+                dm,
+                rnd["change"][name]["id"],
+                rnd["nochange"][name]["id"],
+                s.last.get("undo"),
+                *fresh[name],
+            )
         roll_back(restic_at_b0, restic.repo, restic.env["RESTIC_CACHE_DIR"])
         rnd["bookkeeping_s"] = time.perf_counter() - t0
     res["rounds"] = rounds
@@ -722,7 +733,7 @@ def main() -> int:
     elapsed = time.monotonic() - t_start
     out = [
         f"## One step, {datetime.now().strftime('%Y-%m-%d %H:%M')}: layer `{args.profile}` "
-        f"({results.get('root', {}).get('entries', '?'):,} entries); warm rounds {args.rounds}, "
+        f"({_count(results.get('root', {}).get('entries'))} entries); warm rounds {args.rounds}, "
         f"cold rounds {args.cold_rounds}; {os.cpu_count()} CPUs, load average "
         f"{load0[0]:.1f} before / {loadavg[0]:.1f} after",
         "",
