@@ -202,8 +202,9 @@ class Batch:
     #: (directory handle, name) of every create, delete or move of a child: the names of
     #: ``names`` an entry event explains (the others only named a child's data or metadata).
     entries: set[tuple[bytes, bytes]] = field(default_factory=set)
-    #: (directory handle, name, file handle) of every other event naming a child: which
-    #: file each of those names was a name of when the event came (see Journal._resolve).
+    #: (directory handle, name, file handle) of every other event naming a child that no
+    #: entry event had named before it: which file each of those names was a name of when
+    #: the event came (see Journal._resolve).
     named_objects: set[tuple[bytes, bytes, bytes]] = field(default_factory=set)
     foreign: int = 0
     overflow: bool = False
@@ -275,7 +276,9 @@ def decode(buf: bytes, fsid: tuple[int, int], into: Batch) -> None:
                 into.entries.add((dir_handle, name))
                 if ondir:
                     children.add((dir_handle, name))
-            elif obj_handle is not None:
+            elif obj_handle is not None and (dir_handle, name) not in into.entries:
+                # (a name an entry event explains is not checked: entries only grow, so a
+                # file created this epoch, an npm install's 50k, costs nothing here)
                 into.named_objects.add((dir_handle, name, obj_handle))
         elif dir_handle is not None:  # an event on the directory itself
             selves.add(dir_handle)
