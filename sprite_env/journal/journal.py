@@ -565,7 +565,12 @@ class Journal:
             # written before its ``linkat`` is "#<inode>"). The capture must look where the
             # file is now: found from its own handle, and named there like any event's
             # child; a file in no directory has no entry to change.
-            for obj in named_objects.get((h, name), ()):
+            objects = named_objects.get((h, name))
+            if not objects and now is None:
+                # every such event carries its file's handle (FAN_REPORT_FID); without one,
+                # where the file went cannot be told
+                raise _Doubt("an event named a file by a name it does not have")
+            for obj in objects or ():
                 if obj != now:
                     lost = self._lost_name_path(obj)
                     if lost is not None:

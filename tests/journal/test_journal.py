@@ -261,6 +261,30 @@ def test_writes_to_a_removed_file_through_its_descriptor_are_no_doubt(layer: str
             os.close(fd)
 
 
+def test_a_lost_name_without_its_files_handle_is_a_doubt(layer: str) -> None:
+    """The kernel gives every data event its file's handle; a batch that names a name no
+    file has and carries none (decoded from a record without one) cannot say where the
+    file went: a full walk, as before the handles were kept."""
+    from sprite_env.journal import fanotify as fan
+    from sprite_env.journal.journal import _Doubt, _Resolved
+
+    os.mkdir(f"{layer}/d")
+    with started(layer) as j:
+        fd = os.open(f"{layer}/d", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            d = fan.handle_of(fd)
+        finally:
+            os.close(fd)
+        batch = fan.new_batch()
+        batch.dirs.add(d)
+        batch.names.add((d, b"gone"))
+        with pytest.raises(_Doubt, match="a name it does not have"):
+            j._resolve(batch, _Resolved())
+        write_file(f"{layer}/d/here", b"1")
+        batch.names = {(d, b"here")}
+        assert j._resolve(batch, _Resolved()).named == {b"d": {b"here"}}
+
+
 def test_force_full_makes_the_next_walk_full_once(layer: str) -> None:
     with started(layer) as j:
         j.force_full("the daemon rewrote the layer itself")
