@@ -220,10 +220,12 @@ class MergedTrees:
                     xattrs=_shown_xattrs(e.xattrs),
                     payload=bytes(self._tree_id(e.subtree, below)),
                 )
-            else:
+            elif e.xattrs and any(k.startswith(_OVERLAY_XATTR) for k, _ in e.xattrs):
                 # the link (the path of the group's first member) is kept: every UPPER name
                 # shows at the same path in MERGED, so the view gives the group one inode,
-                # as overlayfs does
+                # as overlayfs does. Replaced only where there is something to hide: a
+                # ``dataclasses.replace`` each was 1.3 s of a 1.7 s merged diff of the
+                # medium step (122k entries in its 2,228 directories).
                 e = replace(e, xattrs=_shown_xattrs(e.xattrs))
             out[e.name] = e
         if lower_rel and only is None:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from sprite_env.checkpoints import Engine
 from sprite_env.overlay.merge import MergedTrees
 from sprite_env.snapshot.diff import count_changes
+from sprite_env.snapshot.tree import decode_tree, encode_entry
 
 if os.geteuid() != 0:
     pytest.skip("whiteouts (0:0 devices) and trusted.* xattrs need root", allow_module_level=True)
@@ -89,3 +90,31 @@ def test_read_pair_gives_the_whole_merge_diff(
 def _mk(path: str) -> str:
     os.makedirs(path)
     return path
+
+
+def test_the_merged_view_hides_overlayfs_xattrs_and_keeps_the_rest(tmp_path: Any) -> None:
+    """overlayfs's own ``trusted.overlay.*`` xattrs (an origin, a metacopy) are not part of
+    what MERGED shows: left out of the merged entry, where the file's other xattrs stay; an
+    entry with none of them is the UPPER entry as it was, and so is its encoding."""
+    lower_dir, upper_dir = str(tmp_path / "lower"), str(tmp_path / "upper")
+    os.makedirs(lower_dir)
+    _build(upper_dir, {"a": ("dir", {"b": ("file", b"one"), "c": ("file", b"two")})})
+    b, c = os.path.join(upper_dir, "a", "b"), os.path.join(upper_dir, "a", "c")
+    os.setxattr(b, b"trusted.overlay.origin", b"\x00\xfb")
+    os.setxattr(b, b"user.kept", b"1")
+    os.setxattr(c, b"user.plain", b"2")
+    with Engine(upper_dir, str(tmp_path / "store")) as e:
+        top = e.create("x").top_tree
+        merged = MergedTrees(e.store.read, lower_dir)
+        root = _entries(merged.read, _entries(merged.read, merged.top(top))[b"."].subtree)
+        shown = _entries(merged.read, root[b"a"].subtree)
+        upper = _entries(e.store.read, _entries(e.store.read, top)[b"."].subtree)
+        plain = _entries(e.store.read, upper[b"a"].subtree)
+    assert shown[b"b"].xattrs == ((b"user.kept", b"1"),)
+    assert dict(plain[b"b"].xattrs)[b"trusted.overlay.origin"] == b"\x00\xfb"
+    assert shown[b"c"] == plain[b"c"]
+    assert encode_entry(shown[b"c"]) == encode_entry(plain[b"c"])
+
+
+def _entries(read: Any, tree: Any) -> dict[bytes, Any]:
+    return {x.name: x for x in decode_tree(read(tree))}
