@@ -461,6 +461,16 @@ class Journal:
         _same_file(path, st)
         return rel
 
+    def _dir_gone(self, handle: bytes) -> bool:
+        """Whether the directory of ``handle`` was removed (not merely outside the layer)."""
+        fd = self._open(handle)
+        if fd is None:
+            return True
+        try:
+            return os.fstat(fd).st_nlink == 0
+        finally:
+            os.close(fd)
+
     def _lost_name_path(self, handle: bytes) -> bytes | None:
         """Where the file of ``handle`` is now, relative to the root, for an event that named
         it by a name it has lost (see :meth:`_resolve`); None if it is in no directory.
@@ -542,6 +552,17 @@ class Journal:
         for h, name in batch.names - batch.entries:
             rel = self._dir_path(h, cache)
             if rel is None:
+                if named_objects.get((h, name)) and self._dir_gone(h):
+                    # Its directory was removed, but the file may live on under another
+                    # name: overlayfs reports a write through MERGED under the name its
+                    # upper file was first looked up by, in the directory that held it
+                    # then (the oracle: ``ln a/f1 c/d/a/b``, ``rm -r a``, then writes to
+                    # c/d/a/b, reported as a/f1 in a removed ``a``: c/d/a/b kept its old
+                    # entry). Found from its own handle, as a stale name's file is.
+                    for obj in named_objects[(h, name)]:
+                        lost = self._lost_name_path(obj)
+                        if lost is not None:
+                            found.name(_parent(lost), _base(lost))
                 continue
             where = b"/".join(p for p in (self.root, rel) if p)
             try:

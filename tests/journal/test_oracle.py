@@ -409,6 +409,46 @@ def test_through_overlayfs_merged_writes_under_a_name_the_file_lost(
         _stale_names(harness_for(upper, j), merged)
 
 
+def _removed_directory(h: Any, root: str) -> None:
+    os.makedirs(f"{root}/a")
+    os.makedirs(f"{root}/c/d")
+    with open(f"{root}/a/f1", "wb") as f:
+        f.write(b"first\n")
+    time.sleep(0.06)
+    h.capture()
+    fd = os.open(f"{root}/a/f1", os.O_WRONLY | os.O_APPEND)
+    try:
+        os.link(f"{root}/a/f1", f"{root}/c/d/b")
+        shutil.rmtree(f"{root}/a")
+        time.sleep(0.06)
+        assert h.capture().top_tree == h.truth()
+        os.write(fd, b"a write reported as a/f1, in a directory since removed\n")
+        _capture_by_journal(h)
+    finally:
+        os.close(fd)
+    _capture_by_journal(h)
+
+
+def test_a_write_under_a_name_in_a_removed_directory(layer: str, harness_for: Any) -> None:
+    """The directory an event names was removed, but the file lives on: ``ln a/f1 c/d/b``,
+    ``rm -r a``, then a write through a descriptor opened as a/f1 is reported as f1 in the
+    removed a. The journal finds the file from its handle (c/d/b kept its old entry when
+    an event in a removed directory was simply dropped)."""
+    with Journal(layer) as j:
+        _removed_directory(harness_for(layer, j), layer)
+
+
+def test_through_overlayfs_merged_a_write_under_a_name_in_a_removed_directory(
+    overlay: tuple[str, str], harness_for: Any
+) -> None:
+    """The same through MERGED: the oracle's failing run (CI of 22e62f0, seed
+    120254505140090146551440184536231559742) wrote through MERGED to a file whose upper
+    file was first looked up in a directory since removed."""
+    upper, merged = overlay
+    with Journal(upper, views=[merged], overlay=True) as j:
+        _removed_directory(harness_for(upper, j), merged)
+
+
 def test_an_o_tmpfile_written_before_and_after_its_linkat(layer: str, harness_for: Any) -> None:
     """tmpfs names an O_TMPFILE "#<inode>" in its directory's events: a name no file has.
     Unlinked, it is in no directory; linked (``linkat``), the journal finds it by its
