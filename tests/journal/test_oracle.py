@@ -341,17 +341,27 @@ def _capture_by_journal(h: Any) -> None:
     assert r.top_tree == h.truth()
 
 
-def _stale_names(h: Any, root: str) -> None:
-    os.makedirs(f"{root}/a/b")
-    os.makedirs(f"{root}/c/d")
-    os.makedirs(f"{root}/e")
-    with open(f"{root}/c/d/f4", "wb") as f:
+def _open_and_linked(h: Any, root: str, dirs: list[str], first: str, second: str) -> int:
+    """Makes ``dirs`` and the file ``first``, captures, opens ``first`` for appending and
+    links it as ``second``; returns the descriptor."""
+    for d in dirs:
+        os.makedirs(f"{root}/{d}")
+    with open(f"{root}/{first}", "wb") as f:
         f.write(b"the first name's file\n")
     time.sleep(0.06)
     h.capture()
-    fd = os.open(f"{root}/c/d/f4", os.O_WRONLY | os.O_APPEND)
+    fd = os.open(f"{root}/{first}", os.O_WRONLY | os.O_APPEND)
     try:
-        os.link(f"{root}/c/d/f4", f"{root}/a/b/c")
+        os.link(f"{root}/{first}", f"{root}/{second}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _stale_names(h: Any, root: str) -> None:
+    fd = _open_and_linked(h, root, ["a/b", "c/d", "e"], "c/d/f4", "a/b/c")
+    try:
         os.unlink(f"{root}/c/d/f4")
         time.sleep(0.06)
         assert h.capture().top_tree == h.truth()
@@ -410,15 +420,8 @@ def test_through_overlayfs_merged_writes_under_a_name_the_file_lost(
 
 
 def _removed_directory(h: Any, root: str) -> None:
-    os.makedirs(f"{root}/a")
-    os.makedirs(f"{root}/c/d")
-    with open(f"{root}/a/f1", "wb") as f:
-        f.write(b"first\n")
-    time.sleep(0.06)
-    h.capture()
-    fd = os.open(f"{root}/a/f1", os.O_WRONLY | os.O_APPEND)
+    fd = _open_and_linked(h, root, ["a", "c/d"], "a/f1", "c/d/b")
     try:
-        os.link(f"{root}/a/f1", f"{root}/c/d/b")
         shutil.rmtree(f"{root}/a")
         time.sleep(0.06)
         assert h.capture().top_tree == h.truth()
