@@ -461,15 +461,19 @@ class Journal:
         _same_file(path, st)
         return rel
 
-    def _dir_gone(self, handle: bytes) -> bool:
-        """Whether the directory of ``handle`` was removed (not merely outside the layer)."""
-        fd = self._open(handle)
-        if fd is None:
-            return True
-        try:
-            return os.fstat(fd).st_nlink == 0
-        finally:
-            os.close(fd)
+    def _dir_gone(self, handle: bytes, seen: dict[bytes, bool]) -> bool:
+        """Whether the directory of ``handle`` was removed (not merely outside the layer);
+        ``seen`` keeps the answers of one resolve, as several names share a directory."""
+        if handle not in seen:
+            fd = self._open(handle)
+            if fd is None:
+                seen[handle] = True
+            else:
+                try:
+                    seen[handle] = os.fstat(fd).st_nlink == 0
+                finally:
+                    os.close(fd)
+        return seen[handle]
 
     def _lost_name_path(self, handle: bytes) -> bytes | None:
         """Where the file of ``handle`` is now, relative to the root, for an event that named
@@ -549,48 +553,41 @@ class Journal:
         named_objects: dict[tuple[bytes, bytes], set[bytes]] = {}
         for h, name, obj in batch.named_objects:
             named_objects.setdefault((h, name), set()).add(obj)
+        gone: dict[bytes, bool] = {}
         for h, name in batch.names - batch.entries:
+            # An event on a file's data or metadata named a name no create, delete or move
+            # of this epoch explains. The name can be stale: a write through a descriptor is
+            # reported under the name it was opened by, which the file may have lost since
+            # (``rm``, or ``ln`` then ``rm`` through overlayfs MERGED, which reports writes
+            # under the name its upper file was first looked up by; the oracle: ``ln c/d/f4
+            # a/b/c``, ``rm c/d/f4``, a capture, then a write to a/b/c, reported as c/d/f4:
+            # a/b/c kept its old entry; an O_TMPFILE written before its ``linkat`` is
+            # "#<inode>"), or in a directory removed since (the oracle: ``ln a/f1 c/d/a/b``,
+            # ``rm -r a``, then writes reported as a/f1 in the removed a). Where the name
+            # no longer names the event's file, the capture must look where the file is
+            # now: found from its own handle, and named there like any event's child; a
+            # file in no directory has no entry to change.
+            objects = named_objects.get((h, name))
+            now: bytes | None = None
             rel = self._dir_path(h, cache)
             if rel is None:
-                if named_objects.get((h, name)) and self._dir_gone(h):
-                    # Its directory was removed, but the file may live on under another
-                    # name: overlayfs reports a write through MERGED under the name its
-                    # upper file was first looked up by, in the directory that held it
-                    # then (the oracle: ``ln a/f1 c/d/a/b``, ``rm -r a``, then writes to
-                    # c/d/a/b, reported as a/f1 in a removed ``a``: c/d/a/b kept its old
-                    # entry). Found from its own handle, as a stale name's file is.
-                    for obj in named_objects[(h, name)]:
-                        lost = self._lost_name_path(obj)
-                        if lost is not None:
-                            found.name(_parent(lost), _base(lost))
-                continue
-            where = b"/".join(p for p in (self.root, rel) if p)
-            try:
-                now = fan.handle_at(where + b"/" + name)
-            except OSError as e:
-                if e.errno == errno.ENOTDIR:
-                    continue  # the directory left this path: that is an event of its own
-                if e.errno != errno.ENOENT:
-                    why = os.strerror(e.errno or 0)
-                    raise _Doubt(f"cannot look up a name an event gave ({why})") from None
-                if not _is_dir(where):
-                    continue  # likewise (a path resolved ahead, before the move)
-                now = None
-            # An event on a file's data or metadata named a name no create, delete or move
-            # of this epoch explains, and the file it was about is not there: the name is
-            # stale. A write through a descriptor is reported under the name it was opened
-            # by, which the file may have lost since (``rm``, or ``ln`` then ``rm`` through
-            # overlayfs MERGED, which reports writes under the name its upper file was first
-            # looked up by; the oracle: ``ln c/d/f4 a/b/c``, ``rm c/d/f4``, a capture, then
-            # a write to a/b/c, reported as c/d/f4: a/b/c kept its old entry; an O_TMPFILE
-            # written before its ``linkat`` is "#<inode>"). The capture must look where the
-            # file is now: found from its own handle, and named there like any event's
-            # child; a file in no directory has no entry to change.
-            objects = named_objects.get((h, name))
-            if not objects and now is None:
-                # every such event carries its file's handle (FAN_REPORT_FID); without one,
-                # where the file went cannot be told
-                raise _Doubt("an event named a file by a name it does not have")
+                if not objects or not self._dir_gone(h, gone):
+                    continue  # outside the layer (or nothing to find)
+            else:
+                where = b"/".join(p for p in (self.root, rel) if p)
+                try:
+                    now = fan.handle_at(where + b"/" + name)
+                except OSError as e:
+                    if e.errno not in (errno.ENOENT, errno.ENOTDIR):
+                        why = os.strerror(e.errno or 0)
+                        raise _Doubt(f"cannot look up a name an event gave ({why})") from None
+                    if not objects:
+                        # every such event carries its file's handle (FAN_REPORT_FID);
+                        # without one, where the file went cannot be told
+                        if e.errno == errno.ENOENT and _is_dir(where):
+                            msg = "an event named a file by a name it does not have"
+                            raise _Doubt(msg) from None
+                        continue  # the directory left this path: an event of its own
             for obj in objects or ():
                 if obj != now:
                     lost = self._lost_name_path(obj)

@@ -431,12 +431,30 @@ def _removed_directory(h: Any, root: str) -> None:
         os.close(fd)
     _capture_by_journal(h)
 
+    # The directory's path resolved by the reader before it was removed: the name is then
+    # looked up under a path that is no directory any more, and the file found all the same.
+    fd = _open_and_linked(h, root, ["e"], "e/f2", "c/d/g")
+    try:
+        os.unlink(f"{root}/e/f2")
+        time.sleep(0.06)
+        assert h.capture().top_tree == h.truth()
+        os.write(fd, b"a write reported as e/f2, which f2 has left\n")
+        time.sleep(0.05)
+        assert h.journal is not None
+        h.journal.poll()  # the daemon's reader resolves e's handle now: "e"
+        os.rmdir(f"{root}/e")
+        _capture_by_journal(h)
+    finally:
+        os.close(fd)
+    _capture_by_journal(h)
+
 
 def test_a_write_under_a_name_in_a_removed_directory(layer: str, harness_for: Any) -> None:
     """The directory an event names was removed, but the file lives on: ``ln a/f1 c/d/b``,
     ``rm -r a``, then a write through a descriptor opened as a/f1 is reported as f1 in the
     removed a. The journal finds the file from its handle (c/d/b kept its old entry when
-    an event in a removed directory was simply dropped)."""
+    an event in a removed directory was simply dropped), also when its reader had resolved
+    the directory's path before the removal."""
     with Journal(layer) as j:
         _removed_directory(harness_for(layer, j), layer)
 
