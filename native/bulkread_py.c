@@ -20,6 +20,12 @@
 #include "bulkread.h"
 #include "fastcdc.h"
 
+/* True if b is bytes that can be passed to the kernel as a name (no NUL inside it). */
+static int is_c_name(PyObject *b)
+{
+    return PyBytes_Check(b) && (Py_ssize_t)strlen(PyBytes_AS_STRING(b)) == PyBytes_GET_SIZE(b);
+}
+
 /* os.stat_result's 19 fields, in its constructor's order. */
 static PyObject *stat_tuple(const struct stat *st)
 {
@@ -154,8 +160,7 @@ static PyObject *native_read_start(PyObject *self, PyObject *args)
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *b = PyList_GET_ITEM(p->names, i);
-        if (!PyBytes_Check(b) ||
-            (Py_ssize_t)strlen(PyBytes_AS_STRING(b)) != PyBytes_GET_SIZE(b)) {
+        if (!is_c_name(b)) {
             pending_free(p);
             PyErr_SetString(PyExc_ValueError, "names must be bytes without NUL");
             return NULL;
@@ -278,8 +283,7 @@ static PyObject *native_lstat_names(PyObject *self, PyObject *args)
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *b = PyList_GET_ITEM(own, i);
-        if (!PyBytes_Check(b) ||
-            (Py_ssize_t)strlen(PyBytes_AS_STRING(b)) != PyBytes_GET_SIZE(b)) {
+        if (!is_c_name(b)) {
             PyErr_SetString(PyExc_ValueError, "names must be bytes without NUL");
             goto done;
         }
@@ -340,7 +344,7 @@ static PyObject *native_open_at(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "iO!i:open_at", &dirfd, &PyBytes_Type, &name, &flags)) {
         return NULL;
     }
-    if ((Py_ssize_t)strlen(PyBytes_AS_STRING(name)) != PyBytes_GET_SIZE(name)) {
+    if (!is_c_name(name)) {
         PyErr_SetString(PyExc_ValueError, "name must be bytes without NUL");
         return NULL;
     }
@@ -370,7 +374,7 @@ static PyObject *native_handle_at(PyObject *self, PyObject *arg)
         PyErr_SetString(PyExc_TypeError, "handle_at: path must be bytes");
         return NULL;
     }
-    if ((Py_ssize_t)strlen(PyBytes_AS_STRING(arg)) != PyBytes_GET_SIZE(arg)) {
+    if (!is_c_name(arg)) {
         PyErr_SetString(PyExc_ValueError, "path must be bytes without NUL");
         return NULL;
     }
