@@ -158,7 +158,6 @@ try:
 except ImportError:  # every file takes the general path
     _read_start = _read_finish = _lstat_names = None
 
-
 READ_ATTEMPTS = 3
 #: Threads of the native full walk (``scan_tree``): more than cores, as a cold walk waits
 #: on the disk. The medium layer (17k directories, 110k files) on the 2 cores of the
