@@ -18,8 +18,8 @@ talked to over their Unix sockets:
    ``--no-journal`` (its store a copy of the first one's after the first checkpoint c0, so
    both hold the same c0), and a restic repository with snapshot b0 of L. Each round:
 
-   - before each timed sprite-env step, untimed, the daemon checkpoints L and deletes that
-     checkpoint (``fresh_epoch``), so that its timed one covers that step alone;
+   - before each timed sprite-env step, untimed, the daemon checkpoints L (``fresh_epoch``;
+     deleted with the round's checkpoints), so that its timed one covers that step alone;
    - the undo of one step: ``mutate.sh`` on L, then, timed, POST
      /v1/checkpoints/c0/restore (its undo checkpoint stores the change, new to the store:
      every round deletes what the previous one stored, and the delete collects it); the
