@@ -41,7 +41,14 @@ from sprite_env.journal import ChangeJournal, Epoch, open_epoch
 from sprite_env.overlay.merge import MergedTrees
 from sprite_env.snapshot import dircache, pagesums, plan, preflight
 from sprite_env.snapshot.capture import CaptureResult, CaptureStats, Excludes, capture
-from sprite_env.snapshot.diff import Change, Counted, Difference, TreeMemo, count_changes
+from sprite_env.snapshot.diff import (
+    Change,
+    Counted,
+    Difference,
+    TreeMemo,
+    count_changes,
+    prefetch_trees,
+)
 from sprite_env.snapshot.frees import Frees, wait_released
 from sprite_env.snapshot.patch import Prefetched
 from sprite_env.snapshot.paths import (
@@ -547,7 +554,15 @@ class Engine:
     ) -> list[Counted]:
         if base_image is None:
             return list(count_changes(read_tree, old, new))
-        merged = MergedTrees(read_tree, base_image)
+        # UPPER's trees where the two differ, read ahead one level at a time (one
+        # ``read_many`` a level): read one by one as the merged diff came to them, they
+        # were 65 of the 101 samples of an overlay undo's count of the medium step (py-spy,
+        # 2,200 trees, a catalog lookup and a pack pin each). Those a restore's check just
+        # read are taken from its memo (a copy: a preview may run beside a job).
+        memo: TreeMemo = dict(self._trees)
+        if read_tree == self.store.read:
+            prefetch_trees(self.store.read_many, old, new, memo)
+        merged = MergedTrees(read_tree, base_image, memo)
         tops = merged.top(old), merged.top(new)
         items = list(count_changes(merged.read, *tops, pair=merged.read_pair))
         return [c for it in items if (c := self._copy_up(merged, it)) is not None]

@@ -45,6 +45,8 @@ from sprite_env.snapshot.tree import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
+    from sprite_env.snapshot.diff import TreeMemo
+
 #: LOWER files are served in spans of this size (one synthetic object each).
 SPAN = 1 << 20
 _OVERLAY_XATTR = b"trusted.overlay."
@@ -86,10 +88,15 @@ def _shown_xattrs(xattrs: Iterable[tuple[bytes, bytes]]) -> tuple[tuple[bytes, b
 
 
 class MergedTrees:
-    """Trees of UPPER (read with ``read``) merged over the directory ``lower``."""
+    """Trees of UPPER (read with ``read``) merged over the directory ``lower``; ``memo``:
+    UPPER trees already read (``diff.TreeMemo``, by id: never stale), which
+    :meth:`read_pair` takes from there instead of reading them again."""
 
-    def __init__(self, read: Callable[[ObjectId], bytes], lower: str) -> None:
+    def __init__(
+        self, read: Callable[[ObjectId], bytes], lower: str, memo: TreeMemo | None = None
+    ) -> None:
         self.inner_read = read
+        self.memo = memo
         self.lower = os.fsencode(os.path.abspath(lower))
         self._lock = threading.Lock()
         self._meaning: dict[ObjectId, _Tree | _Span | _List] = {}
@@ -163,9 +170,7 @@ class MergedTrees:
         (_, upper_a, lower_a), (_, upper_b, lower_b) = ma, mb  # type: ignore[misc]
         if lower_a != lower_b:
             return None
-        ra, rb = (
-            entry_spans(self.inner_read(u)) if u is not None else {} for u in (upper_a, upper_b)
-        )
+        ra, rb = (self._upper_spans(u) for u in (upper_a, upper_b))
         named = {n for n, raw in ra.items() if rb.get(n) != raw}
         named.update(n for n in rb if n not in ra)
         sides = [
@@ -175,6 +180,13 @@ class MergedTrees:
             for raw in (ra, rb)
         ]
         return {e.name: e for e in sides[0]}, {e.name: e for e in sides[1]}
+
+    def _upper_spans(self, upper: ObjectId | None) -> dict[bytes, bytes]:
+        """An UPPER tree's entries, left encoded (``tree.entry_spans``)."""
+        if upper is None:
+            return {}
+        known = self.memo.get(upper) if self.memo is not None else None
+        return known.raw if known is not None else entry_spans(self.inner_read(upper))
 
     # -- content -------------------------------------------------------------------------
 
