@@ -26,7 +26,13 @@ from sprite_env.services.definitions import (
     parse_definition,
     validate_name,
 )
-from sprite_env.services.processes import ProcInfo, TerminateReport, processes_using, terminate
+from sprite_env.services.processes import (
+    ProcInfo,
+    TerminateReport,
+    process_ids,
+    processes_using,
+    terminate,
+)
 from sprite_env.services.supervisor import (
     Backoff,
     ServicesPaused,
@@ -49,6 +55,7 @@ __all__ = [
     "load_definition",
     "load_definitions",
     "parse_definition",
+    "process_ids",
     "processes_using",
     "terminate",
     "validate_name",
