@@ -69,15 +69,13 @@ from sprite_env.store.ports import ObjectReader, reader_of
 _scan_dir: Callable[[int, int, int, int], tuple[bytes, list[bytes], int, int, int, int, bool]]
 _lstat_names: Callable[[int, list[bytes]], list[tuple[int, ...] | None]] | None
 _sig_splice: Callable[[bytes, bytes, list[bytes]], bytes] | None
-_sig_diff: Callable[[bytes, bytes], tuple[list[bytes], list[bytes]]] | None
 try:
     from sprite_env._native import lstat_names as _lstat_names
     from sprite_env._native import scan_dir as _scan_dir
-    from sprite_env._native import sig_diff as _sig_diff
     from sprite_env._native import sig_splice as _sig_splice
 except ImportError:  # the stat loop does the same, slower
     _scan_dir = None  # type: ignore[assignment]
-    _lstat_names = _sig_splice = _sig_diff = None
+    _lstat_names = _sig_splice = None
 
 ReadObject = Callable[[ObjectId], bytes]
 _TMP_PREFIX = b".sprite-restore."
@@ -962,17 +960,14 @@ def _spliced(fd: int, old: bytes, touched: list[bytes], names: Entries, now: int
     the native helpers are missing or ``old`` is malformed (the caller scans).
 
     A poisoned row of ``old`` (a file the live capture found within the racy window) is
-    stat'ed anew as well: carried over, it would make the next capture read that file
-    again, though the racy window has passed by now. On a fast machine the tree, a
-    checkpoint, an edit and the undo checkpoint fit in 50 ms, and CI's run met it: 221 of
-    a test's 404 files read again after its undo."""
-    if _lstat_names is None or _sig_splice is None or _sig_diff is None:
+    carried over poisoned, though the window has passed by now: signed anew, it would
+    vouch for the bytes the capture read, whatever changed since (in the same clock tick,
+    leaving no trace in the timestamps, or before this stat, which would sign the change),
+    and the next capture would keep the old entry. It costs that capture a read of the
+    file (``test_a_file_changed_behind_a_racy_row_during_an_undo_is_read_again``)."""
+    if _lstat_names is None or _sig_splice is None:
         return None
-    try:
-        racy, _ = _sig_diff(old, old)  # a row equal to itself differs only if poisoned
-    except ValueError:
-        return None
-    look = sorted({n for n in touched if n in names} | {n for n in racy if n in names})
+    look = sorted(n for n in touched if n in names)
     gone = sorted(n for n in touched if n not in names)
     try:
         stats = _lstat_names(fd, look)
