@@ -69,6 +69,11 @@ def sig_of(st: os.stat_result, now_ns: int) -> Sig:
     return (st.st_ino, st.st_ctime_ns, st.st_size, st.st_mtime_ns)
 
 
+def poisoned(st: os.stat_result) -> Sig:
+    """A signature of ``st``'s inode that vouches for nothing (the next capture reads it)."""
+    return (st.st_ino, _RACY, 0, _RACY)
+
+
 def is_racy(sig: Sig) -> bool:
     """True for a poisoned signature (it vouches for nothing)."""
     return sig[1] == _RACY

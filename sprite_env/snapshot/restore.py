@@ -870,7 +870,7 @@ class Restorer:
                                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                             except FileNotFoundError:
                                 continue
-                            sigs[name] = sig_of(st, now)
+                            sigs[name] = _signed(st, names[name], now)
                         blob = dircache.encode_sigs(sigs)
                     out.append((rel, CachedDir(tree, blob)))
             return out
@@ -978,7 +978,7 @@ def _spliced(fd: int, old: bytes, touched: list[bytes], names: Entries, now: int
         if fields is None:
             gone.append(name)
         else:
-            sigs[name] = sig_of(os.stat_result(fields), now)
+            sigs[name] = _signed(os.stat_result(fields), names[name], now)
     try:
         return _sig_splice(old, dircache.encode_sigs(sigs), sorted(gone))
     except ValueError:
@@ -997,9 +997,40 @@ def _scanned(fd: int, names: Entries, now: int, root_dev: int) -> bytes | None:
         blob, *_counts, irregular = _scan_dir(fd, now, dircache.RACY_NS, root_dev)
     except OSError:
         return None
-    if irregular or list(dircache.decode_sigs(blob)) != sorted(names):
+    sigs = dircache.decode_sigs(blob)
+    if irregular or list(sigs) != sorted(names):
         return None  # an entry the restore left in place (excluded), or one gone
+    for name, sig in sigs.items():
+        if dircache.is_racy(sig):
+            continue  # vouches for nothing already
+        e = names[name]
+        if (e.kind in _SIZED and sig[2] != e.size) or sig[3] != e.mtime_ns:
+            return None  # not as the restore left it (the stat loop says which, see _signed)
     return blob
+
+
+#: Kinds whose ``st_size`` a tree entry records (a directory's is the file system's).
+_SIZED = (Kind.FILE, Kind.SYMLINK)
+
+
+def _signed(st: os.stat_result, e: TreeEntry, now: int) -> Sig:
+    """The files-cache signature of ``st``, the entry the restore left as ``e`` (or found
+    so and left alone), if it still has ``e``'s type, size, mode, owner and mtime; else a
+    poisoned one. Signed, a row vouches that the file holds ``e``'s bytes: a file another
+    process wrote, truncated or chmod'ed while the restore ran (it stops only the
+    services) differs from ``e`` in one of them, and must be read by the next capture.
+    Signed as it is now, its new timestamps matched the row and the next capture kept
+    ``e``: the change was in no checkpoint until the file changed again (a test appends
+    to a restored file 200 ms before this refresh). Not seen: a change that sets the
+    mtime back and keeps the size, or changes only xattrs."""
+    if (
+        stat.S_IFMT(st.st_mode) != _FILE_TYPE[e.kind]
+        or (e.kind in _SIZED and st.st_size != e.size)
+        or (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns)
+        != (e.mode, e.uid, e.gid, e.mtime_ns)
+    ):
+        return dircache.poisoned(st)
+    return sig_of(st, now)
 
 
 def _apply_meta_delta(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -318,6 +319,46 @@ def test_a_file_changed_behind_a_racy_row_during_an_undo_is_read_again(
         again = e.create("again", progress=lambda _phase, s: stats.append(s))
         assert b"".join(e.read_file(*e.find(again.id, b"d0/f2"))) == b"X 2"
         assert stats[-1].files_read >= 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("change", ["append", "chmod"])
+def test_a_restored_file_another_process_changes_is_in_the_next_checkpoint(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """A file the restore wrote, then changed by another process while the restore goes on
+    (it stops only the services), is not vouched for by the files cache: the next
+    checkpoint holds the change. Changed 200 ms before the refresh, outside the racy
+    window, the change's new timestamps were signed and the next checkpoint kept the
+    restored entry."""
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    trees.build_tree(
+        root, {f"d{i}/f{j}": trees.File(b"%d %d" % (i, j)) for i in range(3) for j in range(3)}
+    )
+    time.sleep(dircache.RACY_NS / 1e9 * 1.5)
+    victim = os.path.join(root, "d0/f1")
+    refresh = restore_mod.Restorer._refresh_cache
+
+    def changed_first(self: restore_mod.Restorer, written_ns: int) -> None:
+        if change == "append":
+            with open(victim, "ab") as f:
+                f.write(b" by another process")
+        else:
+            os.chmod(victim, 0o600)
+        time.sleep(0.2)  # as if the restore went on writing
+        refresh(self, written_ns)
+
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        e.create("c0")
+        for i in range(3):
+            with open(os.path.join(root, f"d{i}/f1"), "ab") as f:
+                f.write(b" edited")
+        monkeypatch.setattr(restore_mod.Restorer, "_refresh_cache", changed_first)
+        e.restore("v0")
+        again = e.create("again")
+        entry, read = e.find(again.id, b"d0/f1")
+        with open(victim, "rb") as f:
+            assert b"".join(e.read_file(entry, read)) == f.read()
+        assert entry.mode == stat.S_IMODE(os.stat(victim).st_mode)
 
 
 def test_a_damaged_object_among_many_is_named_by_the_check(tmp_path: os.PathLike[str]) -> None:
