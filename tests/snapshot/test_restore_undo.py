@@ -31,9 +31,10 @@ from tests.helpers import trees
 from tests.helpers.opens import ancestors
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from sprite_env.ids import ObjectId
+    from sprite_env.snapshot.tree import TreeEntry
 
 MIB = 1 << 20
 PAGE = 4096
@@ -282,6 +283,40 @@ def test_the_files_cache_after_an_undo_of_many_directories(tmp_path: os.PathLike
         assert again.top_tree == c0.top_tree
 
 
+def _undo_changed_before_the_refresh(
+    tmp_path: os.PathLike[str],
+    monkeypatch: pytest.MonkeyPatch,
+    victim: str,
+    change: Callable[[str], None],
+) -> tuple[TreeEntry, bytes, int]:
+    """Undoes an edit of d*/f1 in a tree of 3x3 files, ``change`` (of the path of
+    ``victim``) made by "another process" just before the restore's files-cache refresh;
+    then checkpoints. Returns that checkpoint's entry of ``victim``, its bytes, and how many
+    files the checkpoint read."""
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    trees.build_tree(
+        root, {f"d{i}/f{j}": trees.File(b"%d %d" % (i, j)) for i in range(3) for j in range(3)}
+    )
+    time.sleep(0.075)  # past the real racy window (a test may make it wider)
+    refresh = restore_mod.Restorer._refresh_cache
+
+    def changed_first(self: restore_mod.Restorer, written_ns: int) -> None:
+        change(os.path.join(root, victim))
+        refresh(self, written_ns)
+
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        e.create("c0")
+        for i in range(3):
+            with open(os.path.join(root, f"d{i}/f1"), "ab") as f:
+                f.write(b" edited")
+        monkeypatch.setattr(restore_mod.Restorer, "_refresh_cache", changed_first)
+        e.restore("v0")
+        stats: list[object] = []
+        again = e.create("again", progress=lambda _phase, s: stats.append(s))
+        entry, read = e.find(again.id, victim.encode())
+        return entry, b"".join(e.read_file(entry, read)), stats[-1].files_read  # type: ignore[attr-defined]
+
+
 def test_a_file_changed_behind_a_racy_row_during_an_undo_is_read_again(
     tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -294,31 +329,18 @@ def test_a_file_changed_behind_a_racy_row_during_an_undo_is_read_again(
 
     monkeypatch.setattr(dircache, "RACY_NS", 2_000_000_000)
     monkeypatch.setattr(capture_mod, "RACY_NS", 2_000_000_000)
-    root = os.path.join(os.fspath(tmp_path), "layer")
-    trees.build_tree(
-        root, {f"d{i}/f{j}": trees.File(b"%d %d" % (i, j)) for i in range(3) for j in range(3)}
+
+    def same_size_and_mtime(path: str) -> None:
+        st = os.stat(path)
+        with open(path, "r+b") as f:
+            f.write(b"X 2")
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    _entry, data, read = _undo_changed_before_the_refresh(
+        tmp_path, monkeypatch, "d0/f2", same_size_and_mtime
     )
-    victim = os.path.join(root, "d0/f2")
-    refresh = restore_mod.Restorer._refresh_cache
-
-    def changed_first(self: restore_mod.Restorer, written_ns: int) -> None:
-        st = os.stat(victim)
-        with open(victim, "r+b") as f:
-            f.write(b"X 2")  # the same size
-        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
-        refresh(self, written_ns)
-
-    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
-        e.create("c0")
-        for i in range(3):
-            with open(os.path.join(root, f"d{i}/f1"), "ab") as f:
-                f.write(b" edited")
-        monkeypatch.setattr(restore_mod.Restorer, "_refresh_cache", changed_first)
-        e.restore("v0")
-        stats: list[object] = []
-        again = e.create("again", progress=lambda _phase, s: stats.append(s))
-        assert b"".join(e.read_file(*e.find(again.id, b"d0/f2"))) == b"X 2"
-        assert stats[-1].files_read >= 1  # type: ignore[attr-defined]
+    assert data == b"X 2"
+    assert read >= 1
 
 
 @pytest.mark.parametrize("change", ["append", "chmod"])
@@ -330,35 +352,20 @@ def test_a_restored_file_another_process_changes_is_in_the_next_checkpoint(
     checkpoint holds the change. Changed 200 ms before the refresh, outside the racy
     window, the change's new timestamps were signed and the next checkpoint kept the
     restored entry."""
-    root = os.path.join(os.fspath(tmp_path), "layer")
-    trees.build_tree(
-        root, {f"d{i}/f{j}": trees.File(b"%d %d" % (i, j)) for i in range(3) for j in range(3)}
-    )
-    time.sleep(dircache.RACY_NS / 1e9 * 1.5)
-    victim = os.path.join(root, "d0/f1")
-    refresh = restore_mod.Restorer._refresh_cache
 
-    def changed_first(self: restore_mod.Restorer, written_ns: int) -> None:
+    def changed(path: str) -> None:
         if change == "append":
-            with open(victim, "ab") as f:
+            with open(path, "ab") as f:
                 f.write(b" by another process")
         else:
-            os.chmod(victim, 0o600)
+            os.chmod(path, 0o600)
         time.sleep(0.2)  # as if the restore went on writing
-        refresh(self, written_ns)
 
-    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
-        e.create("c0")
-        for i in range(3):
-            with open(os.path.join(root, f"d{i}/f1"), "ab") as f:
-                f.write(b" edited")
-        monkeypatch.setattr(restore_mod.Restorer, "_refresh_cache", changed_first)
-        e.restore("v0")
-        again = e.create("again")
-        entry, read = e.find(again.id, b"d0/f1")
-        with open(victim, "rb") as f:
-            assert b"".join(e.read_file(entry, read)) == f.read()
-        assert entry.mode == stat.S_IMODE(os.stat(victim).st_mode)
+    entry, data, _read = _undo_changed_before_the_refresh(tmp_path, monkeypatch, "d0/f1", changed)
+    victim = os.path.join(os.fspath(tmp_path), "layer", "d0", "f1")
+    with open(victim, "rb") as f:
+        assert data == f.read()
+    assert entry.mode == stat.S_IMODE(os.stat(victim).st_mode)
 
 
 def test_a_damaged_object_among_many_is_named_by_the_check(tmp_path: os.PathLike[str]) -> None:
