@@ -66,15 +66,12 @@ from sprite_env.snapshot.tree import Kind, Piece, TreeEntry, decode_chunks, plac
 from sprite_env.store.faults import crashpoint
 from sprite_env.store.ports import ObjectReader, reader_of
 
-_scan_dir: Callable[[int, int, int, int], tuple[bytes, list[bytes], int, int, int, int, bool]]
 _lstat_names: Callable[[int, list[bytes]], list[tuple[int, ...] | None]] | None
 _sig_splice: Callable[[bytes, bytes, list[bytes]], bytes] | None
 try:
     from sprite_env._native import lstat_names as _lstat_names
-    from sprite_env._native import scan_dir as _scan_dir
     from sprite_env._native import sig_splice as _sig_splice
 except ImportError:  # the stat loop does the same, slower
-    _scan_dir = None  # type: ignore[assignment]
     _lstat_names = _sig_splice = None
 
 ReadObject = Callable[[ObjectId], bytes]
@@ -861,8 +858,8 @@ class Restorer:
                     blob = None
                     if row is not None and row.tree == sy.live:
                         blob = _spliced(fd, row.stat, sy.touched, names, now)
-                    if blob is None:
-                        blob = _scanned(fd, names, now, self._root_dev)
+                    if blob is None:  # no live row to keep: every name stat'ed and checked
+                        blob = _spliced(fd, b"", list(names), names, now)
                     if blob is None:
                         sigs: dict[bytes, Sig] = {}
                         for name in names:
@@ -956,8 +953,10 @@ class _Synced:
 def _spliced(fd: int, old: bytes, touched: list[bytes], names: Entries, now: int) -> bytes | None:
     """The signature blob of the directory open at ``fd``, holding ``names``: ``old`` (the
     live capture's row) with the rows of ``touched`` (the names the restore acted on)
-    stat'ed anew, or left out where the target has none (or the name is gone); None if
-    the native helpers are missing or ``old`` is malformed (the caller scans).
+    stat'ed anew, or left out where the target has none (or the name is gone); with
+    ``old`` empty and every name touched, the whole directory's (no live row to keep).
+    Each is signed by :func:`_signed`. None if the native helpers are missing or ``old``
+    is malformed (the caller's stat loop does the same).
 
     A poisoned row of ``old`` (a file the live capture found within the racy window) is
     carried over poisoned, though the window has passed by now: signed anew, it would
@@ -985,44 +984,20 @@ def _spliced(fd: int, old: bytes, touched: list[bytes], names: Entries, now: int
         return None
 
 
-def _scanned(fd: int, names: Entries, now: int, root_dev: int) -> bytes | None:
-    """The signature blob of the directory open at ``fd`` from one native call (what the
-    next capture compares its own scan with), if the directory holds exactly ``names`` and
-    nothing the stat loop above would sign otherwise (a racy time, a hard link, a socket, a
-    mount point: ``irregular``); else None. The stat loop took 0.45 s of an undo's downtime
-    on the medium layer (60k entries in the 1,092 directories the typical step changes)."""
-    if _scan_dir is None:
-        return None
-    try:
-        blob, *_counts, irregular = _scan_dir(fd, now, dircache.RACY_NS, root_dev)
-    except OSError:
-        return None
-    sigs = dircache.decode_sigs(blob)
-    if irregular or list(sigs) != sorted(names):
-        return None  # an entry the restore left in place (excluded), or one gone
-    for name, sig in sigs.items():
-        if dircache.is_racy(sig):
-            continue  # vouches for nothing already
-        e = names[name]
-        if (e.kind in _SIZED and sig[2] != e.size) or sig[3] != e.mtime_ns:
-            return None  # not as the restore left it (the stat loop says which, see _signed)
-    return blob
-
-
 #: Kinds whose ``st_size`` a tree entry records (a directory's is the file system's).
 _SIZED = (Kind.FILE, Kind.SYMLINK)
 
 
 def _signed(st: os.stat_result, e: TreeEntry, now: int) -> Sig:
     """The files-cache signature of ``st``, the entry the restore left as ``e`` (or found
-    so and left alone), if it still has ``e``'s type, size, mode, owner and mtime; else a
-    poisoned one. Signed, a row vouches that the file holds ``e``'s bytes: a file another
-    process wrote, truncated or chmod'ed while the restore ran (it stops only the
-    services) differs from ``e`` in one of them, and must be read by the next capture.
-    Signed as it is now, its new timestamps matched the row and the next capture kept
-    ``e``: the change was in no checkpoint until the file changed again (a test appends
-    to a restored file 200 ms before this refresh). Not seen: a change that sets the
-    mtime back and keeps the size, or changes only xattrs."""
+    so and left alone), if it still has that entry's type, size, mode, owner and
+    mtime; else a poisoned one. Signed, a row vouches that the file holds the entry's
+    bytes: a file another process wrote, truncated or chmod'ed while the restore ran (it
+    stops only the services) differs from the entry in one of them, and must be read by
+    the next capture. Signed as it is now, its new timestamps matched the row and the next
+    capture kept the entry: the change was in no checkpoint until the file changed again
+    (a test appends to a restored file 200 ms before this refresh). Not seen: a change
+    that sets the mtime back and keeps the size, or changes only xattrs."""
     if (
         stat.S_IFMT(st.st_mode) != _FILE_TYPE[e.kind]
         or (e.kind in _SIZED and st.st_size != e.size)
