@@ -62,7 +62,7 @@ from sprite_env.snapshot.fsmeta import (
     syncfs,
 )
 from sprite_env.snapshot.patch import Prefetched, changed_ranges
-from sprite_env.snapshot.tree import Kind, Piece, TreeEntry, decode_chunks, placed
+from sprite_env.snapshot.tree import Kind, Piece, TreeEntry, decode_chunks, entry_meta, placed
 from sprite_env.store.faults import crashpoint
 from sprite_env.store.ports import ObjectReader, reader_of
 
@@ -867,7 +867,7 @@ class Restorer:
                                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                             except FileNotFoundError:
                                 continue
-                            sigs[name] = _signed(st, names[name], now)
+                            sigs[name] = _signed(st, names.raw[name], now)
                         blob = dircache.encode_sigs(sigs)
                     out.append((rel, CachedDir(tree, blob)))
             return out
@@ -977,7 +977,7 @@ def _spliced(fd: int, old: bytes, touched: list[bytes], names: Entries, now: int
         if fields is None:
             gone.append(name)
         else:
-            sigs[name] = _signed(os.stat_result(fields), names[name], now)
+            sigs[name] = _signed(os.stat_result(fields), names.raw[name], now)
     try:
         return _sig_splice(old, dircache.encode_sigs(sigs), sorted(gone))
     except ValueError:
@@ -988,9 +988,9 @@ def _spliced(fd: int, old: bytes, touched: list[bytes], names: Entries, now: int
 _SIZED = (Kind.FILE, Kind.SYMLINK)
 
 
-def _signed(st: os.stat_result, e: TreeEntry, now: int) -> Sig:
-    """The files-cache signature of ``st``, the entry the restore left as ``e`` (or found
-    so and left alone), if it still has that entry's type, size, mode, owner and
+def _signed(st: os.stat_result, raw: bytes, now: int) -> Sig:
+    """The files-cache signature of ``st``, the entry the restore left as ``raw`` (encoded;
+    or found so and left alone), if it still has that entry's type, size, mode, owner and
     mtime; else a poisoned one. Signed, a row vouches that the file holds the entry's
     bytes: a file another process wrote, truncated or chmod'ed while the restore ran (it
     stops only the services) differs from the entry in one of them, and must be read by
@@ -998,11 +998,12 @@ def _signed(st: os.stat_result, e: TreeEntry, now: int) -> Sig:
     capture kept the entry: the change was in no checkpoint until the file changed again
     (a test appends to a restored file 200 ms before this refresh). Not seen: a change
     that sets the mtime back and keeps the size, or changes only xattrs."""
+    kind, mode, uid, gid, mtime, size = entry_meta(raw)
     if (
-        stat.S_IFMT(st.st_mode) != _FILE_TYPE[e.kind]
-        or (e.kind in _SIZED and st.st_size != e.size)
+        stat.S_IFMT(st.st_mode) != _FILE_TYPE[Kind(kind)]
+        or (kind in _SIZED and st.st_size != size)
         or (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns)
-        != (e.mode, e.uid, e.gid, e.mtime_ns)
+        != (mode, uid, gid, mtime)
     ):
         return dircache.poisoned(st)
     return sig_of(st, now)

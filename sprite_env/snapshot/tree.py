@@ -207,6 +207,22 @@ def decode_tree(data: bytes) -> list[TreeEntry]:
         raise CorruptObject(f"corrupt tree object: {e}") from None
 
 
+def entry_meta(raw: bytes) -> tuple[int, int, int, int, int, int]:
+    """(kind, mode, uid, gid, mtime_ns, size) of one encoded entry, from its fixed header
+    alone: a restore's files-cache refresh compares them with each entry's stat, and
+    decoding the whole entry (names, xattrs, payload) for that tripled its time on a
+    directory of many files (74k entries: 0.23 -> 0.76 s).
+
+    Raises:
+        CorruptObject: the bytes are shorter than an entry's header.
+    """
+    try:
+        _n, kind, _flags, mode, uid, gid, mtime, size, *_rest = _ENTRY.unpack_from(raw)
+    except struct.error as e:
+        raise CorruptObject(f"tree entry: {e}") from None
+    return kind, mode, uid, gid, mtime, size
+
+
 def decode_entry(raw: bytes) -> TreeEntry:
     """Parses one encoded entry (as :func:`encode_entry` makes, or ``tree_find`` returns).
 

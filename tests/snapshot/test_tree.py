@@ -15,6 +15,8 @@ from sprite_env.snapshot.tree import (
     decode_tree,
     encode_chunks,
     encode_tree,
+    entry_meta,
+    entry_spans,
 )
 from sprite_env.store.codec import object_id
 
@@ -51,6 +53,19 @@ def test_round_trip_and_canonical_order(es: list[TreeEntry]) -> None:
     assert back == sorted(es, key=lambda e: e.name)
     assert encode_tree(reversed(es)) == data  # order of input does not matter
     assert encode_tree(back) == data  # re-encoding decoded entries is exact
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.lists(entries, max_size=20, unique_by=lambda e: e.name))
+def test_entry_meta_reads_what_decoding_gives(es: list[TreeEntry]) -> None:
+    raws = entry_spans(encode_tree(es))
+    for e in es:
+        assert entry_meta(raws[e.name]) == (e.kind, e.mode, e.uid, e.gid, e.mtime_ns, e.size)
+
+
+def test_entry_meta_refuses_a_short_entry() -> None:
+    with pytest.raises(CorruptObject):
+        entry_meta(b"\x01\x00\x01")
 
 
 def test_golden_tree_id() -> None:
