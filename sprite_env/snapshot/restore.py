@@ -258,7 +258,8 @@ class Restorer:
         finally:
             self._open_writes.pop()
             writes.flush()
-        self._synced.append(_Synced(rel, target, live, names))
+        land.synced = _Synced(rel, target, live, names)
+        self._synced.append(land.synced)
         return land
 
     def _meta_after_writes(self, land: _Landing, old: TreeEntry | None, new: TreeEntry) -> None:
@@ -289,6 +290,10 @@ class Restorer:
                     first = first or err
             if first is not None:
                 raise first
+            if self.refresh_cache:
+                for x in done:
+                    if x.synced is not None:
+                        x.synced.left = _left(x.fd, x.synced.touched)
             for x in metas:
                 assert x.meta is not None
                 old, new = x.meta
@@ -855,11 +860,12 @@ class Restorer:
                         continue
                     names = read_entries(self.read_tree, tree, self._trees)
                     row = rows.get(rel)
+                    left = sy.left or {}
                     blob = None
                     if row is not None and row.tree == sy.live:
-                        blob = _spliced(fd, row.stat, sy.touched, names, now)
+                        blob = _spliced(fd, row.stat, sy.touched, names, now, left)
                     if blob is None:  # no live row to keep: every name stat'ed and checked
-                        blob = _spliced(fd, b"", list(names), names, now)
+                        blob = _spliced(fd, b"", list(names), names, now, left)
                     if blob is None:
                         sigs: dict[bytes, Sig] = {}
                         for name in names:
@@ -867,7 +873,7 @@ class Restorer:
                                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                             except FileNotFoundError:
                                 continue
-                            sigs[name] = _signed(st, names.raw[name], now)
+                            sigs[name] = _signed(st, names.raw[name], now, left.get(name))
                         blob = dircache.encode_sigs(sigs)
                     out.append((rel, CachedDir(tree, blob)))
             return out
@@ -942,21 +948,70 @@ class _DirStack:
 
 @dataclass(slots=True)
 class _Synced:
-    """A directory the walk rewrote: where, its two trees, and the names it acted on."""
+    """A directory the walk rewrote: where, its two trees, the names it acted on, and
+    (``left``, see :func:`_left`) how it left those of them that are not directories."""
 
     rel: bytes
     target: ObjectId
     live: ObjectId | None
     touched: list[bytes]
+    left: Left | None = None
 
 
-def _spliced(fd: int, old: bytes, touched: list[bytes], names: Entries, now: int) -> bytes | None:
+#: Per name, the inode and ctime a restore left a non-directory with (:func:`_left`).
+Left = dict[bytes, tuple[int, int]]
+
+
+def _left(fd: int, names: list[bytes]) -> Left:
+    """The inode and ctime of each of ``names`` (in the directory open at ``fd``) that is
+    not a directory, lstat'ed once every write of the restore in that directory landed.
+
+    Why: the files-cache refresh comes later (after the rest of the restore and the racy
+    window's wait), and a row signed then vouches for the file as it is then. A change
+    another process made meanwhile that leaves the restored entry's size, mode, owner and
+    mtime (an xattr set, a same-size write with the mtime set back) moved only the ctime,
+    which no process can set back: the refresh poisons a name whose inode or ctime is no
+    longer what this recorded. What stays unseen: such a change between the restore's
+    write and this lstat (as with git's index, written after a checkout), a window that
+    ends when the directory's writes have landed: directories land in groups of up to
+    ``LANDING_DIRS`` (the medium layer's undo, 1,098 directories: 5 groups in 0.6-0.9 s),
+    where before it reached to the refresh, after the rest of the restore and the racy
+    wait. A later action of the restore itself on the inode (a
+    hard link to it, a name of it removed) also moves the ctime: the next capture then
+    reads the file again, which costs a read, never a wrong tree. Directories are left
+    out: their metadata is set after this, and their rows vouch for their own children.
+    One native call for the directory (the GIL kept), a stat loop without it."""
+    look = sorted(names)
+    out: Left = {}
+    if _lstat_names is not None:
+        try:
+            fields = _lstat_names(fd, look)
+        except (OSError, ValueError):
+            return out  # nothing recorded: the refresh checks as before
+        stats = [None if f is None else os.stat_result(f) for f in fields]
+    else:
+        stats = []
+        for name in look:
+            try:
+                stats.append(os.stat(name, dir_fd=fd, follow_symlinks=False))
+            except OSError:
+                stats.append(None)
+    for name, st in zip(look, stats, strict=True):
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            out[name] = (st.st_ino, st.st_ctime_ns)
+    return out
+
+
+def _spliced(
+    fd: int, old: bytes, touched: list[bytes], names: Entries, now: int, left: Left
+) -> bytes | None:
     """The signature blob of the directory open at ``fd``, holding ``names``: ``old`` (the
     live capture's row) with the rows of ``touched`` (the names the restore acted on)
     stat'ed anew, or left out where the target has none (or the name is gone); with
     ``old`` empty and every name touched, the whole directory's (no live row to keep).
-    Each is signed by :func:`_signed`. None if the native helpers are missing or ``old``
-    is malformed (the caller's stat loop does the same).
+    Each is signed by :func:`_signed` (``left``: as the restore left them). None if the
+    native helpers are missing or ``old`` is malformed (the caller's stat loop does the
+    same).
 
     A poisoned row of ``old`` (a file the live capture found within the racy window) is
     carried over poisoned, though the window has passed by now: signed anew, it would
@@ -977,7 +1032,7 @@ def _spliced(fd: int, old: bytes, touched: list[bytes], names: Entries, now: int
         if fields is None:
             gone.append(name)
         else:
-            sigs[name] = _signed(os.stat_result(fields), names.raw[name], now)
+            sigs[name] = _signed(os.stat_result(fields), names.raw[name], now, left.get(name))
     try:
         return _sig_splice(old, dircache.encode_sigs(sigs), sorted(gone))
     except ValueError:
@@ -988,19 +1043,22 @@ def _spliced(fd: int, old: bytes, touched: list[bytes], names: Entries, now: int
 _SIZED = (Kind.FILE, Kind.SYMLINK)
 
 
-def _signed(st: os.stat_result, raw: bytes, now: int) -> Sig:
+def _signed(st: os.stat_result, raw: bytes, now: int, left: tuple[int, int] | None) -> Sig:
     """The files-cache signature of ``st``, the entry the restore left as ``raw`` (encoded;
     or found so and left alone), if it still has that entry's type, size, mode, owner and
-    mtime; else a poisoned one. Signed, a row vouches that the file holds the entry's
-    bytes: a file another process wrote, truncated or chmod'ed while the restore ran (it
-    stops only the services) differs from the entry in one of them, and must be read by
-    the next capture. Signed as it is now, its new timestamps matched the row and the next
-    capture kept the entry: the change was in no checkpoint until the file changed again
-    (a test appends to a restored file 200 ms before this refresh). Not seen: a change
-    that sets the mtime back and keeps the size, or changes only xattrs."""
+    mtime, and (``left``, recorded by :func:`_left` for a name the restore acted on) the
+    inode and ctime the restore left it with; else a poisoned one. Signed, a row vouches
+    that the file holds the entry's bytes: a file another process wrote, truncated,
+    chmod'ed or gave an xattr while the restore ran (it stops only the services) differs
+    in one of them, and must be read by the next capture. Signed as it is now, its new
+    timestamps matched the row and the next capture kept the entry: the change was in no
+    checkpoint until the file changed again (tests change a restored file 200 ms before
+    this refresh: an append, a chmod, an xattr, a same-size write with the mtime set
+    back)."""
     kind, mode, uid, gid, mtime, size = entry_meta(raw)
     if (
-        stat.S_IFMT(st.st_mode) != _FILE_TYPE[Kind(kind)]
+        (left is not None and left != (st.st_ino, st.st_ctime_ns))
+        or stat.S_IFMT(st.st_mode) != _FILE_TYPE[Kind(kind)]
         or (kind in _SIZED and st.st_size != size)
         or (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns)
         != (mode, uid, gid, mtime)
@@ -1090,6 +1148,7 @@ class _Landing:
     writes: _Writes
     fd: int
     meta: tuple[TreeEntry | None, TreeEntry] | None = None
+    synced: _Synced | None = None
 
 
 class _Writes:

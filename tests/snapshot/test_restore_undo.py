@@ -343,7 +343,7 @@ def test_a_file_changed_behind_a_racy_row_during_an_undo_is_read_again(
     assert read >= 1
 
 
-@pytest.mark.parametrize("change", ["append", "chmod"])
+@pytest.mark.parametrize("change", ["append", "chmod", "xattr", "same size, mtime set back"])
 def test_a_restored_file_another_process_changes_is_in_the_next_checkpoint(
     tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch, change: str
 ) -> None:
@@ -351,14 +351,23 @@ def test_a_restored_file_another_process_changes_is_in_the_next_checkpoint(
     (it stops only the services), is not vouched for by the files cache: the next
     checkpoint holds the change. Changed 200 ms before the refresh, outside the racy
     window, the change's new timestamps were signed and the next checkpoint kept the
-    restored entry."""
+    restored entry; a change that leaves the entry's size, mode, owner and mtime as the
+    restore left them (an xattr set, or a same-size write whose mtime is set back) is seen
+    by its ctime, which moved since the restore's last action on the file."""
 
     def changed(path: str) -> None:
         if change == "append":
             with open(path, "ab") as f:
                 f.write(b" by another process")
-        else:
+        elif change == "chmod":
             os.chmod(path, 0o600)
+        elif change == "xattr":
+            os.setxattr(path, "user.by", b"another process")
+        else:
+            st = os.stat(path)
+            with open(path, "r+b") as f:
+                f.write(b"X")
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
         time.sleep(0.2)  # as if the restore went on writing
 
     entry, data, _read = _undo_changed_before_the_refresh(tmp_path, monkeypatch, "d0/f1", changed)
@@ -366,6 +375,7 @@ def test_a_restored_file_another_process_changes_is_in_the_next_checkpoint(
     with open(victim, "rb") as f:
         assert data == f.read()
     assert entry.mode == stat.S_IMODE(os.stat(victim).st_mode)
+    assert dict(entry.xattrs) == {n.encode(): os.getxattr(victim, n) for n in os.listxattr(victim)}
 
 
 def test_a_damaged_object_among_many_is_named_by_the_check(tmp_path: os.PathLike[str]) -> None:
@@ -533,8 +543,13 @@ def test_the_refresh_stats_only_what_the_restore_changed(
         assert rep.stats.modified == n
         assert b"f00" not in looked  # no directory stat'ed whole (f00 was left alone)
         # the edited, the recreated (the added one is removed: nothing to stat), and
-        # every directory below the root (its mtime moved)
-        assert sorted(looked) == sorted([b"f01", b"f02"] * n + [b"d%d" % i for i in range(n)])
+        # every directory below the root (its mtime moved); each also once as its
+        # directory's writes landed (``_left``: how the restore left them), the removed
+        # one with them
+        dirs = [b"d%d" % i for i in range(n)]
+        refresh = [b"f01", b"f02"] * n + dirs
+        landed = [b"f01", b"f02", b"new"] * n + dirs
+        assert sorted(looked) == sorted(refresh + landed)
         time.sleep(dircache.RACY_NS / 1e9 * 1.5)
         now = time.time_ns()
         rows = dircache.load(e.store.catalog)
