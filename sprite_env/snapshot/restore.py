@@ -290,15 +290,15 @@ class Restorer:
                     first = first or err
             if first is not None:
                 raise first
-            if self.refresh_cache:
-                for x in done:
-                    if x.synced is not None:
-                        x.synced.left = _left(x.fd, x.synced.touched)
             for x in metas:
                 assert x.meta is not None
                 old, new = x.meta
                 # its own writes moved its mtime: always set (``touched``)
                 _apply_meta_delta(x.fd, stat.S_IFDIR, old, new, touched=True)
+            if self.refresh_cache:  # after the metadata: a subdirectory's moves its ctime
+                for x in done:
+                    if x.synced is not None:
+                        x.synced.left = _left(x.fd, x.synced.touched)
         finally:
             for x in done:
                 close_dir(x.fd)
@@ -949,7 +949,7 @@ class _DirStack:
 @dataclass(slots=True)
 class _Synced:
     """A directory the walk rewrote: where, its two trees, the names it acted on, and
-    (``left``, see :func:`_left`) how it left those of them that are not directories."""
+    (``left``, see :func:`_left`) how it left them."""
 
     rel: bytes
     target: ObjectId
@@ -958,13 +958,15 @@ class _Synced:
     left: Left | None = None
 
 
-#: Per name, the inode and ctime a restore left a non-directory with (:func:`_left`).
+#: Per name, the inode and ctime a restore left an entry with (:func:`_left`).
 Left = dict[bytes, tuple[int, int]]
 
 
 def _left(fd: int, names: list[bytes]) -> Left:
-    """The inode and ctime of each of ``names`` (in the directory open at ``fd``) that is
-    not a directory, lstat'ed once every write of the restore in that directory landed.
+    """The inode and ctime of each of ``names`` (in the directory open at ``fd``),
+    lstat'ed once every write of the restore in that directory landed and the metadata of
+    its subdirectories that landed with it was set (a subdirectory's own landing comes
+    no later than its parent's, children first).
 
     Why: the files-cache refresh comes later (after the rest of the restore and the racy
     window's wait), and a row signed then vouches for the file as it is then. A change
@@ -976,11 +978,10 @@ def _left(fd: int, names: list[bytes]) -> Left:
     ends when the directory's writes have landed: directories land in groups of up to
     ``LANDING_DIRS`` (the medium layer's undo, 1,098 directories: 5 groups in 0.6-0.9 s),
     where before it reached to the refresh, after the rest of the restore and the racy
-    wait. A later action of the restore itself on the inode (a
-    hard link to it, a name of it removed) also moves the ctime: the next capture then
-    reads the file again, which costs a read, never a wrong tree. Directories are left
-    out: their metadata is set after this, and their rows vouch for their own children.
-    One native call for the directory (the GIL kept), a stat loop without it."""
+    wait. A later action of the restore itself on the inode (a hard link to it, a name of
+    it removed) also moves the ctime: the next capture then reads the file again, which
+    costs a read, never a wrong tree. One native call for the directory (the GIL kept), a
+    stat loop without it."""
     look = sorted(names)
     out: Left = {}
     if _lstat_names is not None:
@@ -997,7 +998,7 @@ def _left(fd: int, names: list[bytes]) -> Left:
             except OSError:
                 stats.append(None)
     for name, st in zip(look, stats, strict=True):
-        if st is not None and not stat.S_ISDIR(st.st_mode):
+        if st is not None:
             out[name] = (st.st_ino, st.st_ctime_ns)
     return out
 

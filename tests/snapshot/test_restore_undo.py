@@ -378,6 +378,38 @@ def test_a_restored_file_another_process_changes_is_in_the_next_checkpoint(
     assert dict(entry.xattrs) == {n.encode(): os.getxattr(victim, n) for n in os.listxattr(victim)}
 
 
+def test_a_restored_directory_another_process_gives_an_xattr_is_in_the_next_checkpoint(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a directory the restore acted on (its mtime set back after its files
+    were written): an xattr set on it before the refresh moved only its ctime, and the
+    next checkpoint's entry of it holds the xattr."""
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    trees.build_tree(
+        root, {f"d{i}/f{j}": trees.File(b"%d %d" % (i, j)) for i in range(3) for j in range(3)}
+    )
+    time.sleep(0.075)  # past the racy window
+    refresh = restore_mod.Restorer._refresh_cache
+    victim = os.path.join(root, "d0")
+
+    def changed_first(self: restore_mod.Restorer, written_ns: int) -> None:
+        os.setxattr(victim, "user.by", b"another process")
+        time.sleep(0.2)  # as if the restore went on writing
+        refresh(self, written_ns)
+
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        e.create("c0")
+        for i in range(3):
+            with open(os.path.join(root, f"d{i}/f1"), "ab") as f:
+                f.write(b" edited")
+        monkeypatch.setattr(restore_mod.Restorer, "_refresh_cache", changed_first)
+        e.restore("v0")
+        monkeypatch.undo()
+        again = e.create("again")
+        entry, _read = e.find(again.id, b"d0")
+        assert dict(entry.xattrs) == {b"user.by": b"another process"}
+
+
 def test_a_damaged_object_among_many_is_named_by_the_check(tmp_path: os.PathLike[str]) -> None:
     """The check reads its objects ``VERIFY_BATCH`` at a time; one damaged object in a
     batch is still named with the file that needs it, and nothing is changed."""
