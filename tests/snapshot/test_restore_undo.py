@@ -25,6 +25,7 @@ from sprite_env.checkpoints.verify import verify_store
 from sprite_env.snapshot import dircache, frees, preflight
 from sprite_env.snapshot import restore as restore_mod
 from sprite_env.snapshot.diff import read_entries
+from sprite_env.snapshot.tree import Kind
 from sprite_env.store import codec
 from sprite_env.store.pack import ENTRY, pack_path
 from tests.helpers import trees
@@ -291,8 +292,8 @@ def _undo_changed_before_the_refresh(
 ) -> tuple[TreeEntry, bytes, int]:
     """Undoes an edit of d*/f1 in a tree of 3x3 files, ``change`` (of the path of
     ``victim``) made by "another process" just before the restore's files-cache refresh;
-    then checkpoints. Returns that checkpoint's entry of ``victim``, its bytes, and how many
-    files the checkpoint read."""
+    then checkpoints. Returns that checkpoint's entry of ``victim``, its bytes (b"" for a
+    directory), and how many files the checkpoint read."""
     root = os.path.join(os.fspath(tmp_path), "layer")
     trees.build_tree(
         root, {f"d{i}/f{j}": trees.File(b"%d %d" % (i, j)) for i in range(3) for j in range(3)}
@@ -314,7 +315,8 @@ def _undo_changed_before_the_refresh(
         stats: list[object] = []
         again = e.create("again", progress=lambda _phase, s: stats.append(s))
         entry, read = e.find(again.id, victim.encode())
-        return entry, b"".join(e.read_file(entry, read)), stats[-1].files_read  # type: ignore[attr-defined]
+        data = b"".join(e.read_file(entry, read)) if entry.kind is Kind.FILE else b""
+        return entry, data, stats[-1].files_read  # type: ignore[attr-defined]
 
 
 def test_a_file_changed_behind_a_racy_row_during_an_undo_is_read_again(
@@ -384,30 +386,14 @@ def test_a_restored_directory_another_process_gives_an_xattr_is_in_the_next_chec
     """The same for a directory the restore acted on (its mtime set back after its files
     were written): an xattr set on it before the refresh moved only its ctime, and the
     next checkpoint's entry of it holds the xattr."""
-    root = os.path.join(os.fspath(tmp_path), "layer")
-    trees.build_tree(
-        root, {f"d{i}/f{j}": trees.File(b"%d %d" % (i, j)) for i in range(3) for j in range(3)}
-    )
-    time.sleep(0.075)  # past the racy window
-    refresh = restore_mod.Restorer._refresh_cache
-    victim = os.path.join(root, "d0")
 
-    def changed_first(self: restore_mod.Restorer, written_ns: int) -> None:
-        os.setxattr(victim, "user.by", b"another process")
+    def changed(path: str) -> None:
+        os.setxattr(path, "user.by", b"another process")
         time.sleep(0.2)  # as if the restore went on writing
-        refresh(self, written_ns)
 
-    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
-        e.create("c0")
-        for i in range(3):
-            with open(os.path.join(root, f"d{i}/f1"), "ab") as f:
-                f.write(b" edited")
-        monkeypatch.setattr(restore_mod.Restorer, "_refresh_cache", changed_first)
-        e.restore("v0")
-        monkeypatch.undo()
-        again = e.create("again")
-        entry, _read = e.find(again.id, b"d0")
-        assert dict(entry.xattrs) == {b"user.by": b"another process"}
+    entry, _data, _read = _undo_changed_before_the_refresh(tmp_path, monkeypatch, "d0", changed)
+    assert entry.kind is Kind.DIR
+    assert dict(entry.xattrs) == {b"user.by": b"another process"}
 
 
 def test_a_damaged_object_among_many_is_named_by_the_check(tmp_path: os.PathLike[str]) -> None:
