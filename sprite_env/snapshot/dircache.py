@@ -74,6 +74,13 @@ def poisoned(st: os.stat_result) -> Sig:
     return (st.st_ino, _RACY, 0, _RACY)
 
 
+def vanished() -> Sig:
+    """The signature of a name a directory's tree has and the directory no longer holds
+    (another process removed it): it matches no stat, and a capture that lists the
+    directory without the name finds it removed, so the tree is never kept with it."""
+    return (0, _RACY, 0, _RACY)
+
+
 def is_racy(sig: Sig) -> bool:
     """True for a poisoned signature (it vouches for nothing)."""
     return sig[1] == _RACY

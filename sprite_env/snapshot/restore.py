@@ -872,6 +872,7 @@ class Restorer:
                             try:
                                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                             except FileNotFoundError:
+                                sigs[name] = dircache.vanished()  # see _spliced
                                 continue
                             sigs[name] = _signed(st, names.raw[name], now, left.get(name))
                         blob = dircache.encode_sigs(sigs)
@@ -1008,8 +1009,12 @@ def _spliced(
 ) -> bytes | None:
     """The signature blob of the directory open at ``fd``, holding ``names``: ``old`` (the
     live capture's row) with the rows of ``touched`` (the names the restore acted on)
-    stat'ed anew, or left out where the target has none (or the name is gone); with
-    ``old`` empty and every name touched, the whole directory's (no live row to keep).
+    stat'ed anew, or left out where the target has none; with ``old`` empty and every name
+    touched, the whole directory's (no live row to keep). A name the target has that is
+    gone (another process removed it since the restore wrote it) keeps a row that matches
+    nothing (``dircache.vanished``): left out, the row and its tree agreed with a listing
+    without the name, and the next capture kept the tree that names it (the refresh's
+    oracle test found it: a file removed before the refresh stayed in the checkpoint).
     Each is signed by :func:`_signed` (``left``: as the restore left them). None if the
     native helpers are missing or ``old`` is malformed (the caller's stat loop does the
     same).
@@ -1031,7 +1036,7 @@ def _spliced(
     sigs: dict[bytes, Sig] = {}
     for name, fields in zip(look, stats, strict=True):
         if fields is None:
-            gone.append(name)
+            sigs[name] = dircache.vanished()
         else:
             sigs[name] = _signed(os.stat_result(fields), names.raw[name], now, left.get(name))
     try:

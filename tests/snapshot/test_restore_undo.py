@@ -25,6 +25,7 @@ from sprite_env.checkpoints.verify import verify_store
 from sprite_env.snapshot import dircache, frees, preflight
 from sprite_env.snapshot import restore as restore_mod
 from sprite_env.snapshot.diff import read_entries
+from sprite_env.snapshot.paths import PathNotFound
 from sprite_env.snapshot.tree import Kind
 from sprite_env.store import codec
 from sprite_env.store.pack import ENTRY, pack_path
@@ -378,6 +379,23 @@ def test_a_restored_file_another_process_changes_is_in_the_next_checkpoint(
         assert data == f.read()
     assert entry.mode == stat.S_IMODE(os.stat(victim).st_mode)
     assert dict(entry.xattrs) == {n.encode(): os.getxattr(victim, n) for n in os.listxattr(victim)}
+
+
+def test_a_restored_file_another_process_removes_is_not_in_the_next_checkpoint(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file the restore wrote and another process removed before the refresh: its
+    directory's row keeps a signature for it that matches nothing, so the next checkpoint,
+    listing the directory without it, leaves it out. Left out of the row, the row and its
+    tree (the target's, which names the file) agreed with that listing, and the next
+    checkpoint kept the file that was gone (found by ``test_refresh_oracle.py``)."""
+
+    def removed(path: str) -> None:
+        os.unlink(path)
+        time.sleep(0.2)  # as if the restore went on writing
+
+    with pytest.raises(PathNotFound):
+        _undo_changed_before_the_refresh(tmp_path, monkeypatch, "d0/f1", removed)
 
 
 def test_a_restored_directory_another_process_gives_an_xattr_is_in_the_next_checkpoint(
