@@ -69,34 +69,13 @@ def _pick(root: str, i: int, kinds: tuple[int, ...]) -> tuple[str, os.stat_resul
     return found[i % len(found)] if found else None
 
 
-def _edit(root: str, i: int, op: str) -> None:
-    """One of the agent's changes (what the restore then undoes)."""
-    if op == "add":
-        with open(os.path.join(root, f"added-{i}"), "wb") as f:
-            f.write(b"new %d" % i)
-        return
-    hit = _pick(root, i, (stat.S_IFREG,))
-    if hit is None:
-        return
-    p, st = hit
-    if op == "append":
-        with open(p, "ab") as f:
-            f.write(b" edited")
-    elif op == "rewrite":
-        with open(p, "r+b") as f:
-            f.write(b"E" * min(3, st.st_size))
-    elif op == "chmod":
-        os.chmod(p, stat.S_IMODE(st.st_mode) ^ 0o040)
-    else:
-        os.unlink(p)
-
-
-def _foreign(root: str, i: int, op: str) -> None:
-    """A change by another process, just before the refresh."""
-    if op == "create":
-        d = _pick(root, i, (stat.S_IFDIR,))
-        with open(os.path.join(d[0] if d else root, f"theirs-{i}"), "wb") as f:
-            f.write(b"by another process")
+def change(root: str, i: int, op: str, note: bytes) -> None:
+    """One change of ``op`` (of ``EDITS`` or ``FOREIGN``) to the ``i``-th entry it applies
+    to; ``note``: the bytes it writes."""
+    if op in ("add", "create"):  # a new file, at the top or in the i-th directory
+        d = _pick(root, i, (stat.S_IFDIR,)) if op == "create" else None
+        with open(os.path.join(d[0] if d else root, f"new-{i}"), "wb") as f:
+            f.write(note)
         return
     kinds = (stat.S_IFREG, stat.S_IFDIR) if op in ("xattr", "touch") else (stat.S_IFREG,)
     hit = _pick(root, i, kinds)
@@ -105,20 +84,23 @@ def _foreign(root: str, i: int, op: str) -> None:
     p, st = hit
     if op == "append":
         with open(p, "ab") as f:
-            f.write(b" by another process")
+            f.write(note)
+    elif op == "rewrite":
+        with open(p, "r+b") as f:
+            f.write(note[: min(3, st.st_size)])
     elif op == "chmod":
-        os.chmod(p, stat.S_IMODE(st.st_mode) ^ 0o004)
+        os.chmod(p, stat.S_IMODE(st.st_mode) ^ 0o040)
     elif op == "xattr":
         with contextlib.suppress(OSError):  # a file system or a name that takes none
-            os.setxattr(p, "user.by-another", b"%d" % i, follow_symlinks=False)
+            os.setxattr(p, "user.by-another", note, follow_symlinks=False)
     elif op == "same size, mtime set back":
         with open(p, "r+b") as f:
-            f.write(b"F" * min(2, st.st_size))
+            f.write(note[: min(2, st.st_size)])
         os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
     elif op == "touch":
         os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000), follow_symlinks=False)
     elif op == "rename":
-        os.rename(p, p + b"-moved" if isinstance(p, bytes) else p + "-moved")
+        os.rename(p, p + "-moved")
     else:
         os.unlink(p)
 
@@ -140,7 +122,7 @@ def undo_with_others_changes(
 
     def others_first(self: restore_mod.Restorer, written_ns: int) -> None:
         for i, op in foreign:
-            _foreign(root, i, op)
+            change(root, i, op, b"by another process")
         time.sleep(PAST_RACY_S)  # their timestamps too old to be racy
         refresh(self, written_ns)
 
@@ -148,7 +130,7 @@ def undo_with_others_changes(
         e.journal = journal
         e.create("c0")
         for i, op in edits:
-            _edit(root, i, op)
+            change(root, i, op, b"edited")
         time.sleep(PAST_RACY_S)
         with mock.patch.object(restore_mod.Restorer, "_refresh_cache", others_first):
             e.restore("v0")
