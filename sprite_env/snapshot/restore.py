@@ -168,6 +168,9 @@ class Restorer:
         self.result = RestoreResult(RestoreStats())
         self.stats = self.result.stats
         self._synced: list[_Synced] = []  # directories rewritten
+        #: Per path, the inode and ctime a batch of small files left it with, lstat'ed as
+        #: soon as the batch's renames were done (see :func:`_left`).
+        self._placed: dict[bytes, tuple[int, int]] = {}
         self._root_fd = -1
         self._root_dev = 0
         self._last_progress = 0.0
@@ -262,6 +265,18 @@ class Restorer:
         self._synced.append(land.synced)
         return land
 
+    def _left_in(self, fd: int, sy: _Synced) -> Left:
+        """How the restore left the names it acted on in ``sy``'s directory: lstat'ed now,
+        as its writes landed, or, for the small files a batch wrote, as that batch left
+        them (``_placed``: the earlier the record, the smaller the window it leaves)."""
+        left = _left(fd, sy.touched)
+        with self._lock:
+            for name in left:
+                at = self._placed.pop(sy.rel + b"/" + name if sy.rel else name, None)
+                if at is not None:
+                    left[name] = at
+        return left
+
     def _meta_after_writes(self, land: _Landing, old: TreeEntry | None, new: TreeEntry) -> None:
         """Gives the directory of ``land`` (just synced, captured as ``old``, None if new)
         ``new``'s metadata once every write in it landed. Not at once: waiting for each
@@ -298,7 +313,7 @@ class Restorer:
             if self.refresh_cache:  # after the metadata: a subdirectory's moves its ctime
                 for x in done:
                     if x.synced is not None:
-                        x.synced.left = _left(x.fd, x.synced.touched)
+                        x.synced.left = self._left_in(x.fd, x.synced)
         finally:
             for x in done:
                 close_dir(x.fd)
@@ -534,6 +549,12 @@ class Restorer:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(left, dir_fd=fd)
                 raise
+        if self.refresh_cache:  # how the batch left them, before its directory lands
+            placed = _left(fd, [name for (_f, name, _p, _e), _t, _d in files])
+            with self._lock:
+                for (_f, name, path, _e), _t, _d in files:
+                    if name in placed:
+                        self._placed[path] = placed[name]
 
     def _write_pieces(self, out: int, placed: list[tuple[int, Piece]]) -> None:
         """Writes each piece's bytes at its file offset: objects the batch read ahead,
@@ -975,11 +996,14 @@ def _left(fd: int, names: list[bytes]) -> Left:
     mtime (an xattr set, a same-size write with the mtime set back) moved only the ctime,
     which no process can set back: the refresh poisons a name whose inode or ctime is no
     longer what this recorded. What stays unseen: such a change between the restore's
-    write and this lstat (as with git's index, written after a checkout), a window that
+    last action on the entry and this lstat (as with git's index, written after a
+    checkout). For the small files a native batch writes (most of an undo's: the medium
+    layer's, about 1,060) the batch calls this as soon as its renames are done
+    (``Restorer._placed``), a window of the batch's last few system calls; for the rest it
     ends when the directory's writes have landed: directories land in groups of up to
-    ``LANDING_DIRS`` (the medium layer's undo, 1,098 directories: 5 groups in 0.6-0.9 s),
-    where before it reached to the refresh, after the rest of the restore and the racy
-    wait. A later action of the restore itself on the inode (a hard link to it, a name of
+    ``LANDING_DIRS`` (the medium layer's undo, 1,098 directories: 5 groups in 0.6-0.9 s).
+    Before, it reached to the refresh, after the rest of the restore and the racy wait.
+    A later action of the restore itself on the inode (a hard link to it, a name of
     it removed) also moves the ctime: the next capture then reads the file again, which
     costs a read, never a wrong tree. One native call for the directory (the GIL kept), a
     stat loop without it."""

@@ -16,7 +16,7 @@ import stat
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -381,6 +381,36 @@ def test_a_restored_file_another_process_changes_is_in_the_next_checkpoint(
     assert dict(entry.xattrs) == {n.encode(): os.getxattr(victim, n) for n in os.listxattr(victim)}
 
 
+def test_a_file_another_process_changes_after_its_batch_and_before_its_landing_is_read(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window closes with the batch that wrote the file, not its directory's landing:
+    an xattr set on a small file right after the native batch that wrote it returned
+    (the directory's writes not all landed yet) is in the next checkpoint."""
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    trees.build_tree(root, {f"d0/f{j}": trees.File(b"0 %d" % j) for j in range(3)})
+    time.sleep(0.075)  # past the racy window
+    place_in = restore_mod.Restorer._place_in
+    victim = os.path.join(root, "d0", "f1")
+
+    def then_another_process(self: restore_mod.Restorer, *args: Any) -> None:
+        place_in(self, *args)
+        if os.path.exists(victim):
+            os.setxattr(victim, "user.by", b"another process")
+
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        e.create("c0")
+        with open(victim, "ab") as f:
+            f.write(b" edited")
+        monkeypatch.setattr(restore_mod.Restorer, "_place_in", then_another_process)
+        e.restore("v0")
+        monkeypatch.undo()
+        time.sleep(0.075)
+        again = e.create("again")
+        entry, _read = e.find(again.id, b"d0/f1")
+    assert dict(entry.xattrs) == {b"user.by": b"another process"}
+
+
 def test_a_restored_file_another_process_removes_is_not_in_the_next_checkpoint(
     tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -581,11 +611,12 @@ def test_the_refresh_stats_only_what_the_restore_changed(
         # the edited, the recreated (the added one is removed: nothing to stat), and
         # every directory below the root (its mtime moved); each also once as its
         # directory's writes landed (``_left``: how the restore left them), the removed
-        # one with them
+        # one with them, and the small files written once more as their batch ended
         dirs = [b"d%d" % i for i in range(n)]
         refresh = [b"f01", b"f02"] * n + dirs
         landed = [b"f01", b"f02", b"new"] * n + dirs
-        assert sorted(looked) == sorted(refresh + landed)
+        batched = [b"f01", b"f02"] * n
+        assert sorted(looked) == sorted(refresh + landed + batched)
         time.sleep(dircache.RACY_NS / 1e9 * 1.5)
         now = time.time_ns()
         rows = dircache.load(e.store.catalog)
