@@ -266,15 +266,21 @@ class Restorer:
         return land
 
     def _left_in(self, fd: int, sy: _Synced) -> Left:
-        """How the restore left the names it acted on in ``sy``'s directory: lstat'ed now,
-        as its writes landed, or, for the small files a batch wrote, as that batch left
-        them (``_placed``: the earlier the record, the smaller the window it leaves)."""
-        left = _left(fd, sy.touched)
+        """How the restore left the names it acted on in ``sy``'s directory (open at
+        ``fd``): the small files a batch wrote as that batch left them (``_placed``: the
+        earlier the record, the smaller the window it leaves), the others lstat'ed now, as
+        the directory's writes landed and its landed subdirectories' metadata was set (a
+        subdirectory's own landing comes no later than its parent's, children first)."""
+        left: Left = {}
+        rest = []
         with self._lock:
-            for name in left:
+            for name in sy.touched:
                 at = self._placed.pop(sy.rel + b"/" + name if sy.rel else name, None)
-                if at is not None:
+                if at is None:
+                    rest.append(name)
+                else:
                     left[name] = at
+        left.update(_left(fd, rest))
         return left
 
     def _meta_after_writes(self, land: _Landing, old: TreeEntry | None, new: TreeEntry) -> None:
@@ -985,10 +991,8 @@ Left = dict[bytes, tuple[int, int]]
 
 
 def _left(fd: int, names: list[bytes]) -> Left:
-    """The inode and ctime of each of ``names`` (in the directory open at ``fd``),
-    lstat'ed once every write of the restore in that directory landed and the metadata of
-    its subdirectories that landed with it was set (a subdirectory's own landing comes
-    no later than its parent's, children first).
+    """The inode and ctime of each of ``names`` in the directory open at ``fd`` (none for
+    a name not there), lstat'ed once the restore is done with them (``Restorer._left_in``).
 
     Why: the files-cache refresh comes later (after the rest of the restore and the racy
     window's wait), and a row signed then vouches for the file as it is then. A change
@@ -1003,10 +1007,10 @@ def _left(fd: int, names: list[bytes]) -> Left:
     ends when the directory's writes have landed: directories land in groups of up to
     ``LANDING_DIRS`` (the medium layer's undo, 1,098 directories: 5 groups in 0.6-0.9 s).
     Before, it reached to the refresh, after the rest of the restore and the racy wait.
-    A later action of the restore itself on the inode (a hard link to it, a name of
-    it removed) also moves the ctime: the next capture then reads the file again, which
-    costs a read, never a wrong tree. One native call for the directory (the GIL kept), a
-    stat loop without it."""
+    Each name is lstat'ed once, by its batch or at its landing. A later action of the
+    restore itself on the inode (a hard link to it, a name of it removed) also moves the
+    ctime: the next capture then reads the file again, which costs a read, never a wrong
+    tree. One native call for the directory (the GIL kept), a stat loop without it."""
     look = sorted(names)
     out: Left = {}
     if _lstat_names is not None:
