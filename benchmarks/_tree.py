@@ -36,15 +36,19 @@ def _xattrs(path: str) -> str:
     return ",".join(names) + "=" + h.hexdigest()
 
 
-def manifest(root: str) -> dict[str, Entry]:
+def manifest(root: str, *, content: bool = True) -> dict[str, Entry]:
     """Every entry under root (root itself left out). Directory sizes and link counts are
-    not compared (overlayfs links whiteouts to one inode in WORK)."""
+    not compared (overlayfs links whiteouts to one inode in WORK). ``content=False``
+    leaves files' bytes unhashed (their digests empty): the rest of every entry of the
+    medium layer in 1.6 s warm, where hashing its 1.7 GB too takes about 28 s."""
     out: dict[str, Entry] = {}
     for rel, st in layer.walk(root):
         full = os.path.join(root, rel)
         mode = st.st_mode
         size, digest, rdev = 0, "", 0
-        if stat.S_ISREG(mode):
+        if stat.S_ISREG(mode) and not content:
+            kind, size = "file", st.st_size
+        elif stat.S_ISREG(mode):
             h = hashlib.blake2b()
             with open(full, "rb", buffering=0) as f:
                 while chunk := f.read(1 << 20):

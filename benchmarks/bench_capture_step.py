@@ -16,11 +16,12 @@ with ``--only ''``, all of ``--base``. Each worker holds an ``Engine`` and a ``J
 (fanotify, polled every 10 ms) on its own copy of the layer (``cp -a`` of
 ``$BENCH_DATA/<profile>``, kept between runs; ``--fresh`` copies again) and its own store
 (new each run, so its first checkpoint v0 is a full walk that reads everything). A kept copy
-that no longer has the layer's entries (names, types, modes, owners, sizes, ns mtimes,
-symlink targets: ``_shape``; a run killed mid-round leaves its copy changed, and the undo
-of every round sets all of them back) is copied again: two copies that drifted apart
-compare different work (once, 1,326 files read by one version against 4,888 by the
-other, and a 0.66x that was no speedup). Content is not hashed: 28 s a copy of medium.
+that no longer has the layer's entries (the tree oracle's ``_tree.manifest`` without the
+files' content: names, kinds, modes, owners, sizes, ns mtimes, symlink targets, devices,
+xattrs; a run killed mid-round leaves its copy changed, and the undo of every round sets
+all of them back) is copied again: two copies that drifted apart compare different work
+(once, 1,326 files read by one version against 4,888 by the other, and a 0.66x that was
+no speedup). Content is not hashed: 28 s a copy of medium.
 
 Each round: ``../shared/bench/mutate.sh`` on both copies (the same change: 1% of the files
 edited, ``rich`` installed in the venv, 2% more rows in the 215 MB SQLite database, a
@@ -45,12 +46,10 @@ from __future__ import annotations
 
 import argparse
 import collections
-import hashlib
 import json
 import os
 import shutil
 import signal
-import stat
 import statistics
 import subprocess
 import sys
@@ -61,7 +60,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-import layer as layer_mod  # noqa: E402  (the benchmarks' walk)
+from _tree import manifest, tree_digest  # noqa: E402
 
 #: The commit before the capture work of issue 11's helper B1 (sig_diff for lost
 #: directories, page digests kept across an undo, big files read early).
@@ -84,14 +83,8 @@ FRAMES = (
 
 
 def _shape(root: str) -> str:
-    """A digest of every entry's name, type, mode, owner, size (files), ns mtime and
-    symlink target under ``root``."""
-    h = hashlib.blake2b(digest_size=16)
-    for rel, st in layer_mod.walk(root):
-        size = st.st_size if stat.S_ISREG(st.st_mode) else 0
-        link = os.readlink(os.path.join(root, rel)) if stat.S_ISLNK(st.st_mode) else ""
-        h.update(repr((rel, st.st_mode, st.st_uid, st.st_gid, size, st.st_mtime_ns, link)).encode())
-    return h.hexdigest()
+    """The tree oracle's digest of every entry under ``root`` but the files' content."""
+    return tree_digest(manifest(root, content=False))
 
 
 def _same_as(layer: str, source: str, digests: dict[str, str]) -> bool:
