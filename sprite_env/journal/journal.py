@@ -277,8 +277,11 @@ class Journal:
             if self._in_capture:
                 return n  # the capture's own time: no contention for the interpreter
             known, batch, epoch = self._known, self._batch, self._epoch
-            dirs = (batch.dirs | batch.selves | {h for h, _ in batch.children}) - known.dirs.keys()
-            objects = batch.objects - known.objects.keys()
+            # only what came since the last poll (a child's directory is in ``dirs`` too);
+            # an object left for begin (_NotYet) is not tried again here
+            dirs = batch.fresh_dirs - known.dirs.keys()
+            objects = batch.fresh_objects - known.objects.keys()
+            batch.fresh_dirs, batch.fresh_objects = set(), set()
         if not dirs and not objects:
             return n
         ahead = _Resolved()
