@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/bench_capture_step.py [--profile medium] [--rounds 4]
         [--base REV] [--new REV] [--only PATHS] [--base-native DIR] [--work DIR] [--fresh]
-        [--pyspy] [--out FILE]
+        [--pyspy | --pyspy-gil] [--out FILE]
 
 Each version is extracted with ``git archive`` into ``--work``
 (``benchmarks/.data/scratch-capture-step``) and run from there, in a worker process of its
@@ -35,7 +35,10 @@ later round follows an undo, as in ``bench_step.py``.
 ``--base-no-journal`` runs the base without the change journal (every capture a full walk,
 as ``--no-journal``): with ``--base`` and ``--new`` the same, the journal against the walk
 it replaces. ``--pyspy`` records each timed checkpoint with ``py-spy record --idle`` (raw stacks in
-``--work``) and prints the share of the worker's main thread in the functions that matter.
+``--work``) and prints the share of the worker's main thread in the functions that matter;
+``--pyspy-gil`` records only the thread that holds the GIL (``py-spy --gil``) and prints
+the seconds it was held in each function and by each thread: the profile of a capture whose
+threads wait for the GIL more than for anything else.
 
 Wall times move with the load of this shared machine (``os.getloadavg`` is printed with
 each row): compare the two versions within a round, and their medians within one run.
@@ -289,11 +292,14 @@ class Worker:
             self.proc.wait(timeout=60)
 
 
-def pyspy_start(pid: int, path: str) -> subprocess.Popen[bytes] | None:
+def pyspy_start(pid: int, path: str, gil: bool = False) -> subprocess.Popen[bytes] | None:
     exe = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
     if not os.path.exists(exe):
         return None
-    argv = [exe, "record", "--pid", str(pid), "--rate", "500", "--idle", "--nonblocking"]
+    argv = [exe, "record", "--pid", str(pid), "--rate", "500", "--nonblocking"]
+    # --gil: only the thread holding the GIL, whichever it is (a capture bound by the GIL
+    # spends its wall time in the sum of every thread's Python); else every thread, idle too
+    argv.append("--gil" if gil else "--idle")
     p = subprocess.Popen(
         [*argv, "--format", "raw", "-o", path, "--threads"],
         stdout=subprocess.DEVNULL,
@@ -308,6 +314,24 @@ def pyspy_stop(p: subprocess.Popen[bytes] | None) -> None:
         time.sleep(0.2)
         p.send_signal(signal.SIGINT)
         p.wait(timeout=60)
+
+
+def gil_breakdown(path: str, top: int = 25) -> dict[str, float]:
+    """Seconds the GIL was held in each function (self time, any thread) and by each
+    thread, from a ``--gil`` recording: the ``top`` largest."""
+    if not os.path.exists(path):
+        return {}
+    seconds: collections.Counter[str] = collections.Counter()
+    with open(path) as f:
+        for line in f:
+            stack, _, n = line.rstrip("\n").rpartition(" ")
+            frames = stack.split(";")
+            t = int(n) / 500
+            # "thread (0x7f..): MainThread": its name (py-spy numbers threads by their id)
+            seconds["thread " + frames[0].rpartition(": ")[2]] += t
+            seconds[frames[-1]] += t
+            seconds["total"] += t
+    return {k: round(v, 3) for k, v in seconds.most_common(top)}
 
 
 def breakdown(path: str) -> dict[str, float]:
@@ -352,6 +376,11 @@ def main() -> int:
     ap.add_argument("--work", default=os.path.join(HERE, ".data", "scratch-capture-step"))
     ap.add_argument("--fresh", action="store_true", help="copy the layers again")
     ap.add_argument("--pyspy", action="store_true", help="record each timed checkpoint")
+    ap.add_argument(
+        "--pyspy-gil",
+        action="store_true",
+        help="record only the thread holding the GIL; print where it was held",
+    )
     ap.add_argument("--out", help="JSON results file")
     ap.add_argument(
         "--base-no-journal",
@@ -410,10 +439,16 @@ def main() -> int:
             for v in order:
                 w = workers[v]
                 prof = os.path.join(args.work, f"pyspy-{v}-{r}.txt")
-                spy = pyspy_start(w.ready["pid"], prof) if args.pyspy else None
+                spy = (
+                    pyspy_start(w.ready["pid"], prof, args.pyspy_gil)
+                    if args.pyspy or args.pyspy_gil
+                    else None
+                )
                 res = w.ask("create")
                 pyspy_stop(spy)
-                if args.pyspy:
+                if args.pyspy_gil:
+                    res["pyspy"] = gil_breakdown(prof)
+                elif args.pyspy:
                     res["pyspy"] = breakdown(prof)
                 results[v].append(res)
                 log(
@@ -421,7 +456,7 @@ def main() -> int:
                     f"walk {res['walk']} {res['walk_reason']!r}, {res['files_read']} files read, "
                     f"{res['objects_new']} objects of {res['bytes_new'] / 1e6:.1f} MB new, "
                     f"{res['bytes_added'] / 1e6:.1f} MB stored, "
-                    f"load {res['load']:.1f}" + (f" {res['pyspy']}" if args.pyspy else "")
+                    f"load {res['load']:.1f}" + (f" {res.get('pyspy', '')}")
                 )
             for v in versions:
                 workers[v].ask("undo")
