@@ -223,6 +223,26 @@ def entry_meta(raw: bytes) -> tuple[int, int, int, int, int, int]:
     return kind, mode, uid, gid, mtime, size
 
 
+def with_payload(raw: bytes, payload: bytes) -> bytes:
+    """One encoded entry with its payload (last in the entry: a directory's tree id) set
+    to ``payload``, the rest byte for byte: what ``encode_entry(replace(decode_entry(raw),
+    payload=payload))`` gives, without decoding names and xattrs (a capture gives each
+    changed subdirectory of a changed directory its new tree id so).
+
+    Raises:
+        CorruptObject: the bytes are not one entry of this format.
+    """
+    try:
+        fields = list(_ENTRY.unpack_from(raw))
+    except struct.error as e:
+        raise CorruptObject(f"tree entry: {e}") from None
+    old = fields[-1]
+    if old > len(raw) - _ENTRY.size:
+        raise CorruptObject("tree entry: payload longer than the entry")
+    fields[-1] = len(payload)
+    return _ENTRY.pack(*fields) + raw[_ENTRY.size : len(raw) - old] + payload
+
+
 def decode_entry(raw: bytes) -> TreeEntry:
     """Parses one encoded entry (as :func:`encode_entry` makes, or ``tree_find`` returns).
 

@@ -12,11 +12,14 @@ from sprite_env.snapshot.tree import (
     Kind,
     TreeEntry,
     decode_chunks,
+    decode_entry,
     decode_tree,
     encode_chunks,
+    encode_entry,
     encode_tree,
     entry_meta,
     entry_spans,
+    with_payload,
 )
 from sprite_env.store.codec import object_id
 
@@ -61,6 +64,22 @@ def test_entry_meta_reads_what_decoding_gives(es: list[TreeEntry]) -> None:
     raws = entry_spans(encode_tree(es))
     for e in es:
         assert entry_meta(raws[e.name]) == (e.kind, e.mode, e.uid, e.gid, e.mtime_ns, e.size)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(entries, st.binary(max_size=200))
+def test_with_payload_is_the_entry_encoded_with_that_payload(e: TreeEntry, payload: bytes) -> None:
+    raw = encode_entry(e)
+    assert with_payload(raw, payload) == encode_entry(dataclasses.replace(e, payload=payload))
+    assert decode_entry(with_payload(raw, payload)).payload == payload
+
+
+def test_with_payload_refuses_what_is_not_an_entry() -> None:
+    raw = encode_entry(TreeEntry(b"d", Kind.DIR, 0o755, 0, 0, 1, payload=bytes(32)))
+    with pytest.raises(CorruptObject):
+        with_payload(raw[:10], b"x")
+    with pytest.raises(CorruptObject):
+        with_payload(raw[:-33], b"x")  # shorter than its header's payload says
 
 
 def test_entry_meta_refuses_a_short_entry() -> None:
