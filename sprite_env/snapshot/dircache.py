@@ -40,6 +40,12 @@ from sprite_env.errors import SpriteError
 from sprite_env.ids import ObjectId
 from sprite_env.snapshot.tree import Kind, decode_chunks, decode_tree
 
+_sig_diff: Callable[[bytes, bytes], tuple[list[bytes], list[bytes]]] | None
+try:
+    from sprite_env._native import sig_diff as _sig_diff
+except ImportError:  # no extension built: decode_sigs
+    _sig_diff = None
+
 if TYPE_CHECKING:
     import os
     import sqlite3
@@ -156,6 +162,17 @@ class CachedDir:
 
     def sigs(self) -> dict[bytes, Sig]:
         return decode_sigs(self.stat)
+
+    def names(self) -> frozenset[bytes]:
+        """The names the row has signatures for (natively where built: the rows of big
+        files' directories, decoded whole to ask about one name, were 16 ms of the medium
+        step's commit)."""
+        if _sig_diff is None:
+            return frozenset(decode_sigs(self.stat))
+        try:
+            return frozenset(_sig_diff(self.stat, b"")[0])  # every name differs from none
+        except ValueError:  # a malformed blob: what the Python decoder makes of it
+            return frozenset(decode_sigs(self.stat))
 
 
 def clear(db: sqlite3.Connection) -> None:

@@ -355,7 +355,7 @@ def save(
             stale.append(key)
         elif parent in dirs:
             if parent not in names:
-                names[parent] = frozenset(dirs[parent].sigs())
+                names[parent] = dirs[parent].names()
             if name not in names[parent]:
                 stale.append(key)
     db.executemany("DELETE FROM pagesums WHERE path=?", ((p,) for p in stale))

@@ -7,6 +7,7 @@ import sqlite3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sprite_env.ids import ObjectId
 from sprite_env.snapshot import dircache
 
 _SCHEMA = (
@@ -51,3 +52,24 @@ def test_the_range_delete_removes_what_the_prefix_rule_names(
     dircache.save(db, {}, removed_trees=trees)
     expected = {p for p in paths if not any(p == t or p.startswith(t + b"/") for t in trees)}
     assert _left(db) == expected
+
+
+_sigs = st.dictionaries(
+    st.binary(min_size=1, max_size=30).filter(lambda n: b"/" not in n and b"\0" not in n),
+    st.tuples(
+        st.integers(0, 2**63 - 1),
+        st.sampled_from([-1, 0, 1, 2**62]),  # -1: a poisoned (racy) row
+        st.integers(0, 2**63 - 1),
+        st.integers(-(2**62), 2**62),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(_sigs)
+def test_a_rows_names_are_those_it_has_signatures_for(sigs: dict[bytes, dircache.Sig]) -> None:
+    """CachedDir.names (native where built) names exactly the row's signatures, racy ones
+    too; what pagesums.save asks to keep a big file's page digests."""
+    row = dircache.CachedDir(ObjectId(bytes(32)), dircache.encode_sigs(sigs))
+    assert row.names() == frozenset(sigs) == frozenset(row.sigs())
