@@ -278,9 +278,11 @@ class Journal:
                 return n  # the capture's own time: no contention for the interpreter
             known, batch, epoch = self._known, self._batch, self._epoch
             # only what came since the last poll (a child's directory is in ``dirs`` too);
-            # an object left for begin (_NotYet) is not tried again here
-            dirs = batch.fresh_dirs - known.dirs.keys()
-            objects = batch.fresh_objects - known.objects.keys()
+            # an object left for begin (_NotYet) is not tried again here. Looked up one by
+            # one: ``set - dict.keys()`` copies every key resolved this epoch into a set
+            # first (26 ms of a poll thread during one checkpoint of the medium step)
+            dirs = {h for h in batch.fresh_dirs if h not in known.dirs}
+            objects = {h for h in batch.fresh_objects if h not in known.objects}
             batch.fresh_dirs, batch.fresh_objects = set(), set()
         if not dirs and not objects:
             return n
