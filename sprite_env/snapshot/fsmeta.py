@@ -41,6 +41,8 @@ except ImportError:
     close_dir = os.close
 else:
     close_dir = _close_fd
+#: ``os.close`` with the GIL kept, for any descriptor :func:`open_at` opened.
+close_fd = close_dir
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -80,6 +82,16 @@ def open_dir_at(dirfd: int, name: bytes) -> int:
     if _open_at is None:
         return os.open(name, O_DIR, dir_fd=dirfd)
     return _open_at(dirfd, name, O_DIR)
+
+
+def open_at(dirfd: int, name: bytes, flags: int) -> int:
+    """``os.open(name, flags | O_CLOEXEC, dir_fd=dirfd)`` with the GIL kept where the
+    extension is built, as :func:`open_dir_at` (close it with :func:`close_dir`): a
+    restore opens each entry whose metadata alone changed (2,552 files and 1,098
+    directories in the medium undo) on its walk's thread, beside 8 busy writers."""
+    if _open_at is None:
+        return os.open(name, flags | os.O_CLOEXEC, dir_fd=dirfd)
+    return _open_at(dirfd, name, flags | os.O_CLOEXEC)
 
 
 def set_mtime(fd: int, mtime_ns: int) -> None:

@@ -54,6 +54,8 @@ from sprite_env.snapshot.fsmeta import (
     apply_meta_proc,
     check_name,
     close_dir,
+    close_fd,
+    open_at,
     open_dir,
     open_dir_at,
     pwrite_piece,
@@ -841,7 +843,7 @@ class Restorer:
         # A device is never opened for real (opening one can act); O_PATH reaches its inode.
         flags = (os.O_PATH if device else os.O_RDONLY | os.O_NONBLOCK) | os.O_NOFOLLOW
         try:
-            mfd = os.open(name, flags | os.O_CLOEXEC, dir_fd=fd)
+            mfd = open_at(fd, name, flags)
         except OSError:
             mfd = -1
         if mfd >= 0:
@@ -853,7 +855,7 @@ class Restorer:
                         _apply_meta_delta(mfd, _FILE_TYPE[new.kind], old, new, touched=False)
                     return
             finally:
-                os.close(mfd)
+                close_fd(mfd)
         if new.kind is Kind.FILE and not new.link:
             writes.place(fd, name, path, new)
         else:
