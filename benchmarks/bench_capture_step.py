@@ -316,38 +316,41 @@ def pyspy_stop(p: subprocess.Popen[bytes] | None) -> None:
         p.wait(timeout=60)
 
 
-def gil_breakdown(path: str, top: int = 25) -> dict[str, float]:
-    """Seconds the GIL was held in each function (self time, any thread) and by each
-    thread, from a ``--gil`` recording: the ``top`` largest."""
+def _samples(path: str) -> list[tuple[list[str], float]]:
+    """The stacks of a raw py-spy recording at 500 Hz, each with its seconds."""
     if not os.path.exists(path):
-        return {}
-    seconds: collections.Counter[str] = collections.Counter()
+        return []
+    out = []
     with open(path) as f:
         for line in f:
             stack, _, n = line.rstrip("\n").rpartition(" ")
-            frames = stack.split(";")
-            t = int(n) / 500
-            # "thread (0x7f..): MainThread": its name (py-spy numbers threads by their id)
-            seconds["thread " + frames[0].rpartition(": ")[2]] += t
-            seconds[frames[-1]] += t
-            seconds["total"] += t
+            out.append((stack.split(";"), int(n) / 500))
+    return out
+
+
+def gil_breakdown(path: str, top: int = 25) -> dict[str, float]:
+    """Seconds the GIL was held in each function (self time, any thread) and by each
+    thread, from a ``--gil`` recording: the ``top`` largest."""
+    seconds: collections.Counter[str] = collections.Counter()
+    for frames, t in _samples(path):
+        # "thread (0x7f..): MainThread": its name (py-spy numbers threads by their id)
+        seconds["thread " + frames[0].rpartition(": ")[2]] += t
+        seconds[frames[-1]] += t
+        seconds["total"] += t
     return {k: round(v, 3) for k, v in seconds.most_common(top)}
 
 
 def breakdown(path: str) -> dict[str, float]:
     """Seconds of the worker's main thread spent in each of ``FRAMES`` (inclusive)."""
-    if not os.path.exists(path):
-        return {}
     seconds: collections.Counter[str] = collections.Counter()
-    with open(path) as f:
-        for line in f:
-            stack, _, n = line.rstrip("\n").rpartition(" ")
-            if "MainThread" not in stack.split(";", 1)[0] or "Engine.create" not in stack:
-                continue
-            seconds["Engine.create"] += int(n) / 500
-            for frame in FRAMES:
-                if f";{frame} (" in stack:
-                    seconds[frame] += int(n) / 500
+    for frames, t in _samples(path):
+        stack = ";".join(frames)
+        if "MainThread" not in frames[0] or "Engine.create" not in stack:
+            continue
+        seconds["Engine.create"] += t
+        for frame in FRAMES:
+            if f";{frame} (" in stack:
+                seconds[frame] += t
     return {k: round(v, 3) for k, v in seconds.items()}
 
 
