@@ -316,15 +316,16 @@ def pyspy_stop(p: subprocess.Popen[bytes] | None) -> None:
         p.wait(timeout=60)
 
 
-def _samples(path: str) -> list[tuple[list[str], float]]:
-    """The stacks of a raw py-spy recording at 500 Hz, each with its seconds."""
+def _samples(path: str) -> list[tuple[str, float]]:
+    """The stacks (frames joined by ``;``) of a raw py-spy recording at 500 Hz, each with
+    its seconds."""
     if not os.path.exists(path):
         return []
     out = []
     with open(path) as f:
         for line in f:
             stack, _, n = line.rstrip("\n").rpartition(" ")
-            out.append((stack.split(";"), int(n) / 500))
+            out.append((stack, int(n) / 500))
     return out
 
 
@@ -332,7 +333,8 @@ def gil_breakdown(path: str, top: int = 25) -> dict[str, float]:
     """Seconds the GIL was held in each function (self time, any thread) and by each
     thread, from a ``--gil`` recording: the ``top`` largest."""
     seconds: collections.Counter[str] = collections.Counter()
-    for frames, t in _samples(path):
+    for stack, t in _samples(path):
+        frames = stack.split(";")
         # "thread (0x7f..): MainThread": its name (py-spy numbers threads by their id)
         seconds["thread " + frames[0].rpartition(": ")[2]] += t
         seconds[frames[-1]] += t
@@ -343,9 +345,8 @@ def gil_breakdown(path: str, top: int = 25) -> dict[str, float]:
 def breakdown(path: str) -> dict[str, float]:
     """Seconds of the worker's main thread spent in each of ``FRAMES`` (inclusive)."""
     seconds: collections.Counter[str] = collections.Counter()
-    for frames, t in _samples(path):
-        stack = ";".join(frames)
-        if "MainThread" not in frames[0] or "Engine.create" not in stack:
+    for stack, t in _samples(path):
+        if "MainThread" not in stack.split(";", 1)[0] or "Engine.create" not in stack:
             continue
         seconds["Engine.create"] += t
         for frame in FRAMES:
@@ -378,8 +379,9 @@ def main() -> int:
     )
     ap.add_argument("--work", default=os.path.join(HERE, ".data", "scratch-capture-step"))
     ap.add_argument("--fresh", action="store_true", help="copy the layers again")
-    ap.add_argument("--pyspy", action="store_true", help="record each timed checkpoint")
-    ap.add_argument(
+    spy = ap.add_mutually_exclusive_group()
+    spy.add_argument("--pyspy", action="store_true", help="record each timed checkpoint")
+    spy.add_argument(
         "--pyspy-gil",
         action="store_true",
         help="record only the thread holding the GIL; print where it was held",

@@ -29,6 +29,7 @@ directory afresh; a row written before schema 4 has ``NULL`` and loads as before
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 import zlib
@@ -167,12 +168,12 @@ class CachedDir:
         """The names the row has signatures for (natively where built: the rows of big
         files' directories, decoded whole to ask about one name, were 16 ms of the medium
         step's commit)."""
-        if _sig_diff is None:
-            return frozenset(decode_sigs(self.stat))
-        try:
-            return frozenset(_sig_diff(self.stat, b"")[0])  # every name differs from none
-        except ValueError:  # a malformed blob: what the Python decoder makes of it
-            return frozenset(decode_sigs(self.stat))
+        if _sig_diff is not None:
+            # every name differs from none; a malformed blob (ValueError): what the Python
+            # decoder makes of it
+            with contextlib.suppress(ValueError):
+                return frozenset(_sig_diff(self.stat, b"")[0])
+        return frozenset(decode_sigs(self.stat))
 
 
 def clear(db: sqlite3.Connection) -> None:

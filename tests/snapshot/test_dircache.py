@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -73,3 +74,5 @@ def test_a_rows_names_are_those_it_has_signatures_for(sigs: dict[bytes, dircache
     too; what pagesums.save asks to keep a big file's page digests."""
     row = dircache.CachedDir(ObjectId(bytes(32)), dircache.encode_sigs(sigs))
     assert row.names() == frozenset(sigs) == frozenset(row.sigs())
+    with mock.patch.object(dircache, "_sig_diff", None):  # no extension built
+        assert row.names() == frozenset(sigs)
