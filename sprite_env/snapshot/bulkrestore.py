@@ -526,8 +526,11 @@ class BulkRestorer:
             d = d.parent
 
 
-def _umask() -> int:
-    """The process's umask without changing it (``/proc/self/status``); -1 if unknown."""
+def process_umask() -> int:
+    """The process's umask without changing it (``/proc/self/status``); -1 if unknown.
+    Read once per restore, not per directory: a read of the file and a parse of its ~55
+    lines with the GIL held was 41 of the writers' py-spy samples in the medium undo,
+    whose ~1,100 directory batches each read it."""
     try:
         with open("/proc/self/status", "rb") as f:
             for line in f:
@@ -554,7 +557,7 @@ def _no_ops(root_fd: int) -> dict[str, object]:
         xattrs = bool(os.listxattr(root_fd))
     except OSError as e:  # ENOTSUP: no extended attributes here at all, none to inherit
         xattrs = e.errno != errno.ENOTSUP
-    return {"owner": owner, "umask": _umask(), "xattrs": xattrs}
+    return {"owner": owner, "umask": process_umask(), "xattrs": xattrs}
 
 
 def fix_new_meta(dfd: int, name: bytes, e: TreeEntry) -> None:
@@ -574,21 +577,24 @@ def _new_files_owner(dir_st: os.stat_result) -> tuple[int, int] | None:
     return (os.geteuid(), os.getegid()) if dir_st.st_gid == os.getegid() else None
 
 
-def write_into(dirfd: int, specs: list[_Spec], objects: dict[bytes, bytes]) -> list[int]:
+def write_into(
+    dirfd: int, specs: list[_Spec], objects: dict[bytes, bytes], *, umask: int
+) -> list[int]:
     """``write_files`` for new files in one existing directory ``dirfd`` of a live layer
     (``restore.py``'s batches, each of one directory): nothing is known of what a new file
     gets there but by that directory, so only its owner may be skipped, when the directory
     hands down the process's own group whatever its setgid bit (as :func:`_no_ops`); the
     mode is set unless the umask keeps it, and inherited extended attributes are always
     looked for (a default ACL there also overrides the umask: such a file is returned, and
-    the caller makes its metadata exact).
+    the caller makes its metadata exact). ``umask``: the process's (:func:`process_umask`),
+    -1 if unknown (every mode is then set).
 
     Raises:
         OSError, ValueError: as ``write_files``; the files before the failed one exist.
     """
     assert _write_files is not None
     owner = _new_files_owner(os.fstat(dirfd))
-    return _write_files(specs, objects, owner=owner, umask=_umask(), xattrs=True)
+    return _write_files(specs, objects, owner=owner, umask=umask, xattrs=True)
 
 
 def restore_into_empty(

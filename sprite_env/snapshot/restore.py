@@ -175,6 +175,7 @@ class Restorer:
         self._placed: dict[bytes, tuple[int, int]] = {}
         self._root_fd = -1
         self._root_dev = 0
+        self._umask = -1  # the process's, read when the run starts
         self._last_progress = 0.0
         self._lock = threading.Lock()  # counters updated by writer threads
         self._writers: ThreadPoolExecutor | None = None
@@ -193,6 +194,7 @@ class Restorer:
         self._unlinkers = ThreadPoolExecutor(UNLINKERS, thread_name_prefix="restore-unlink")
         try:
             self._root_dev = os.fstat(self._root_fd).st_dev
+            self._umask = bulkrestore.process_umask()
             target = top_entry(self.read_tree, target_top)
             live = top_entry(self.read_tree, live_top) if live_top is not None else None
             if live is None or live.subtree != target.subtree:
@@ -536,7 +538,8 @@ class Restorer:
             for (_f, _n, _p, e), tmp, _data in files
         ]
         try:
-            fix = set(bulkrestore.write_into(fd, specs, ahead))  # type: ignore[arg-type]
+            written = bulkrestore.write_into(fd, specs, ahead, umask=self._umask)  # type: ignore[arg-type]
+            fix = set(written)
         except (OSError, ValueError):
             for _p, tmp, _data in files:  # those before the one that failed
                 with contextlib.suppress(FileNotFoundError):

@@ -69,10 +69,11 @@ def test_new_files_in_live_directories_end_exact(
     real = bulkrestore.write_into
 
     def counted(
-        dirfd: int, specs: list[bulkrestore._Spec], objects: dict[bytes, bytes]
+        dirfd: int, specs: list[bulkrestore._Spec], objects: dict[bytes, bytes], *, umask: int
     ) -> list[int]:
         calls.append(len(specs))
-        return real(dirfd, specs, objects)
+        assert umask == 0o027  # the process's, read when the restore began
+        return real(dirfd, specs, objects, umask=umask)
 
     monkeypatch.setattr(bulkrestore, "write_into", counted)
     os.umask(0o027)  # the umask keeps no mode of these files whole: chmod after all
@@ -105,9 +106,9 @@ def test_a_native_call_that_fails_leaves_nothing_and_the_python_way_writes(
     failed: list[int] = []
 
     def failing(
-        dirfd: int, specs: list[bulkrestore._Spec], objects: dict[bytes, bytes]
+        dirfd: int, specs: list[bulkrestore._Spec], objects: dict[bytes, bytes], *, umask: int
     ) -> list[int]:
-        real(dirfd, specs[:at], objects)  # the files before the one that fails exist
+        real(dirfd, specs[:at], objects, umask=umask)  # the files before the one that fails exist
         failed.append(len(specs))
         raise OSError(errno.ENOSPC, "No space left on device", specs[at][1])
 
