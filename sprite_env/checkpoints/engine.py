@@ -487,10 +487,13 @@ class Engine:
         bytes it stored."""
         return self._store_live(progress)[1]
 
-    def _store_live(self, progress: Progress | None) -> tuple[CaptureResult, int]:
+    def _store_live(
+        self, progress: Progress | None, trees_out: dict[ObjectId, bytes] | None = None
+    ) -> tuple[CaptureResult, int]:
         """:meth:`prewarm`'s capture: journal-driven where a journal runs, its trees and
         data stored (so its top tree can be read and diffed like a checkpoint's until the
-        next collection), its files cache committed. Returns it and the bytes it stored."""
+        next collection), its files cache committed. Returns it and the bytes it stored;
+        ``trees_out`` receives the trees it read and wrote (``capture``'s)."""
         self._forget_lost()
         with open_epoch(self.journal) as ep, self.store.writer() as w:
             r = capture(
@@ -504,6 +507,7 @@ class Engine:
                 reread=ep.reread,
                 page_sums=pagesums.Lookup(self.store.catalog),
                 read_many=self.store.read_many,
+                trees_out=trees_out,
             )
             r.walk, r.walk_reason = ep.walked(r)
             w.commit(lambda db: _save_cache(db, r))  # publishes the packs as it fills its rows
@@ -684,10 +688,15 @@ class Engine:
         """
         target = self.registry.get(cid)
         self._forget_checks()  # a check not followed by its restore left its own
-        live, _ = self._store_live(progress)
+        # The trees the capture read and wrote are both sides of the plan's diff where the
+        # files cache was the target's (an undo: its rows are the last checkpoint's), so
+        # the plan reads none of them again: the medium undo's plan read ~2.2k trees from
+        # the store (0.2 s of its 0.28 s, py-spy).
+        seen: dict[ObjectId, bytes] = {}
+        live, _ = self._store_live(progress, trees_out=seen)
         if live.top_tree == target.top_tree:
             return False
-        self._preflight(cid, target.top_tree, live.top_tree, self.store.read)
+        self._preflight(cid, target.top_tree, live.top_tree, self.store.read, seen=seen)
         return True
 
     def _forget_checks(self) -> None:
@@ -703,7 +712,13 @@ class Engine:
         target_top: ObjectId,
         live_top: ObjectId,
         read_tree: Callable[[ObjectId], bytes],
+        *,
+        seen: Mapping[ObjectId, bytes] | None = None,
     ) -> None:
+        """Plans the restore of ``target_top`` over ``live_top``: the room it needs and
+        every object it reads, verified. ``seen``: trees by id that were just read from the
+        store or made (a capture's ``trees_out``); the plan takes them from there."""
+
         def read_verified(oid: ObjectId) -> bytes:
             data = self.store.read(oid)
             self._verified.add(oid)
@@ -721,6 +736,12 @@ class Engine:
             # looked at again, and its objects were verified by the check.
             needs = checked[2]
         else:
+            # both sides in the store (a resume's live side is hash-only: not there)
+            read_many: Callable[[list[ObjectId]], list[bytes]] | None = (
+                self.store.read_many if read_tree == self.store.read else None
+            )
+            if seen:
+                read_tree, read_many = _reading_first(seen, read_tree, read_many)
             try:
                 block = os.statvfs(self.root).f_frsize or 4096
                 needs = preflight.plan_needs(
@@ -731,8 +752,7 @@ class Engine:
                     block=block,
                     patch_min=PATCH_MIN,
                     memo=self._trees,
-                    # both sides in the store (a resume's live side is hash-only: not there)
-                    read_many=self.store.read_many if read_tree == self.store.read else None,
+                    read_many=read_many,
                 )
             except SpriteError as e:  # a damaged tree or chunk list of the target
                 raise preflight.CheckpointDamaged(cid, b".", e) from None
@@ -785,7 +805,9 @@ class Engine:
         layer is then on no checkpoint it was not on before, so the active one stays)."""
         # The inodes the restore removes are freed once it is committed, in the background
         # (snapshot/frees.py: their evictions were most of an undo's removals).
-        with Frees() as frees:
+        # Its own events are resolved once it is committed (Journal.quiet): not beside it.
+        quiet = self.journal.quiet() if self.journal is not None else contextlib.nullcontext()
+        with Frees() as frees, quiet:
             try:
                 res = restore(
                     self.root,
@@ -1366,6 +1388,33 @@ class Engine:
             with self.store.catalog.transaction() as db:
                 purge(db, set())
         self._cache_purged = self._cache_purged | damaged
+
+
+def _reading_first(
+    seen: Mapping[ObjectId, bytes],
+    read: Callable[[ObjectId], bytes],
+    read_many: Callable[[list[ObjectId]], list[bytes]] | None,
+) -> tuple[Callable[[ObjectId], bytes], Callable[[list[ObjectId]], list[bytes]] | None]:
+    """``read`` and ``read_many`` that take what ``seen`` holds from there (the objects
+    are addressed by content: the bytes held are the ones the store would give)."""
+
+    def read_one(oid: ObjectId) -> bytes:
+        got = seen.get(oid)
+        return got if got is not None else read(oid)
+
+    if read_many is None:
+        return read_one, None
+    many = read_many
+
+    def read_some(oids: list[ObjectId]) -> list[bytes]:
+        out: list[bytes | None] = [seen.get(o) for o in oids]
+        missing = [o for o, got in zip(oids, out, strict=True) if got is None]
+        if missing:
+            it = iter(many(missing))
+            out = [got if got is not None else next(it) for got in out]
+        return out  # type: ignore[return-value]
+
+    return read_one, read_some
 
 
 def _files_cache(store: Store, ep: Epoch) -> Mapping[bytes, dircache.CachedDir]:

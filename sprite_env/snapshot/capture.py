@@ -820,8 +820,12 @@ class Capturer:
         page_sums: PageSumsLookup | None = None,
         page_sums_out: dict[bytes, PageSums] | None = None,
         read_many: ReadMany | None = None,
+        trees_out: dict[ObjectId, bytes] | None = None,
     ) -> None:
         self.root = root
+        #: Where the trees this capture reads (its directories' old trees) and writes go,
+        #: by id, when a caller asks (``capture(trees_out=...)``).
+        self.trees_out = trees_out
         #: Reads many trees in one batch (``ObjectReader.read_many``), or None: one by one.
         self.read_many = read_many
         #: Where the page digests of big files are looked up (None: never made or used),
@@ -1033,7 +1037,7 @@ class Capturer:
             self._trees.clear()
         for rel in self._early:  # read early, then not taken by the walk: not this entry's
             self.page_sums_out.pop(rel, None)
-        top_id = self.sink.put(encode_tree([top]), ObjectKind.TREE)
+        top_id = self._put_tree(encode_tree([top]))
         self._report(force=True)
         links = frozenset(self.link_dirs), frozenset(self.link_inos)
         memo = WalkMemo(self.totals, *links, st.st_ino)
@@ -1626,6 +1630,8 @@ class Capturer:
                 old_tree = self.read_tree(cached.tree)
             except SpriteError:
                 return None
+        if self.trees_out is not None:
+            self.trees_out[cached.tree] = old_tree
         prev_sigs: dict[bytes, Sig] | None = None
         pending: list[_Pending] = []
         bulk = named.batches if named is not None else None
@@ -1714,7 +1720,7 @@ class Capturer:
             self._count_narrowed(rel, narrowed, pending)
         else:
             self._count_listed(rel, counts)
-        tree_id = self.sink.put(body, ObjectKind.TREE)
+        tree_id = self._put_tree(body)
         self.cache_changed[rel] = CachedDir(tree_id, blob)
         return tree_id, tree_id != cached.tree
 
@@ -1915,7 +1921,7 @@ class Capturer:
             self.stats.dirs_reused += 1
             return cached.tree, False
         entries = self._materialize(rel, fd, cached, pending)
-        tree_id = self.sink.put(encode_tree(entries), ObjectKind.TREE)
+        tree_id = self._put_tree(encode_tree(entries))
         self.cache_changed[rel] = CachedDir(tree_id, dircache.encode_sigs(sigs))
         return tree_id, cached is None or tree_id != cached.tree
 
@@ -1938,9 +1944,18 @@ class Capturer:
 
     def _prev_tree(self, cached: CachedDir) -> dict[bytes, TreeEntry]:
         try:
-            return {e.name: e for e in decode_tree(self.read_tree(cached.tree))}
+            raw = self.read_tree(cached.tree)
         except SpriteError:
             return {}  # unreadable old tree: every child below is captured afresh
+        if self.trees_out is not None:
+            self.trees_out[cached.tree] = raw
+        return {e.name: e for e in decode_tree(raw)}
+
+    def _put_tree(self, body: bytes) -> ObjectId:
+        tree_id = self.sink.put(body, ObjectKind.TREE)
+        if self.trees_out is not None:
+            self.trees_out[tree_id] = body
+        return tree_id
 
     def _materialize(
         self, rel: bytes, fd: int, cached: CachedDir | None, pending: list[_Pending]
@@ -2600,6 +2615,7 @@ def capture(
     reread: frozenset[bytes] = frozenset(),
     page_sums: PageSumsLookup | None = None,
     read_many: ReadMany | None = None,
+    trees_out: dict[ObjectId, bytes] | None = None,
 ) -> CaptureResult:
     """Captures ``root`` into ``sink``.
 
@@ -2621,6 +2637,9 @@ def capture(
             neither.
         read_many: reads many trees at once (the store's ``read_many``): a walk the
             journal narrowed reads the old trees of its changed directories in one batch.
+        trees_out: receives, by id, the trees the capture read (the old trees of the
+            directories it walked) and wrote: both sides of a diff between the files
+            cache's checkpoint and the result, for a restore's plan that follows.
 
     Returns:
         The top tree's id, counters, warnings, the files-cache rows and page digests to
@@ -2638,6 +2657,7 @@ def capture(
         reread=reread,
         page_sums=page_sums,
         read_many=read_many,
+        trees_out=trees_out,
     )
     reason = ""
     if hint is not None:

@@ -156,6 +156,29 @@ def test_a_poll_resolves_only_what_came_since_the_poll_before(
         assert opened == []  # every one resolved ahead, by one poll or the other
 
 
+def test_a_quiet_journal_reads_but_resolves_after(
+    layer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the daemon's own restore writes (``Journal.quiet``), a poll drains the queue
+    but resolves nothing; the first poll after resolves all of it, so begin() opens no
+    handle and its plan names every directory written meanwhile."""
+    for i in range(20):
+        os.makedirs(f"{layer}/d{i}")
+    with started(layer) as j:
+        looked = _record_calls(monkeypatch, j, "_dir_path")
+        with j.quiet():
+            for i in range(20):
+                write_file(f"{layer}/d{i}/f", b"1")
+            assert j.poll() > 0  # read
+            assert looked == []  # not resolved beside the restore
+        j.poll()
+        assert len(looked) == 20
+        opened = _record_calls(monkeypatch, j, "_open")
+        dirty, _ = dirty_after(j)
+        assert dirty == {f"d{i}".encode() for i in range(20)}
+        assert opened == []
+
+
 def test_a_directory_resolved_ahead_then_moved_is_walked_at_its_new_place(layer: str) -> None:
     """A handle poll() resolved names the old path after a move; the move itself makes
     the new place void (walked whole), so what is written there after it is not missed."""

@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sprite_env.checkpoints import Engine
+from sprite_env.checkpoints import engine as engine_mod
 from sprite_env.checkpoints.hashonly import HashOnlySink
 from sprite_env.journal import Journal, WalkPlan
 from sprite_env.snapshot.capture import capture
@@ -19,6 +20,8 @@ from tests.helpers.opens import OpenRecorder, ancestors
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+    import pytest
 
     from sprite_env.ids import ObjectId
 
@@ -204,3 +207,34 @@ def test_the_refreshed_files_cache_is_what_a_stat_of_each_entry_gives(
         v1 = e.create(progress=lambda phase, s: stats.append(s))
         assert v1.top_tree == v0.top_tree == _truth(e)
         assert stats[-1].files_read == 0
+
+
+def test_the_journal_is_quiet_while_a_restore_writes_and_its_events_are_seen_after(
+    layer: str, tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine's restore runs with its journal quiet (``Journal.quiet``: polls resolve
+    none of the restore's own events beside it) until it has committed; the next
+    checkpoint, journal-driven, still finds the layer exactly as restored."""
+    _big_tree(layer)
+    store = os.path.join(os.fspath(tmp_path), "store")
+    with Engine(layer, store) as e, Journal(layer) as j:
+        e.journal = j
+        v0 = e.create()
+        _step(layer)
+        quiet_during: list[int] = []
+        real_restore = engine_mod.restore
+
+        def restore(*a: Any, **k: Any) -> Any:
+            out = real_restore(*a, **k)
+            j.poll()  # the daemon's reader, as the restore ends: reads, resolves nothing
+            quiet_during.append(j._quiet)
+            return out
+
+        monkeypatch.setattr(engine_mod, "restore", restore)
+        e.restore("v0")
+        assert quiet_during == [1]
+        assert j._quiet == 0
+        plans = _spy_plans(j)
+        after = e.create()
+        assert plans[-1].hint is not None  # journal-driven
+        assert after.top_tree == v0.top_tree == _truth(e)

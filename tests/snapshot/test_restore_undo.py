@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from sprite_env.checkpoints import Engine
+from sprite_env.checkpoints import engine as engine_mod
 from sprite_env.checkpoints.verify import verify_store
 from sprite_env.snapshot import dircache, frees, preflight
 from sprite_env.snapshot import restore as restore_mod
@@ -139,6 +140,72 @@ def test_undo_patches_big_files_in_place_from_the_checks_bytes(tmp_path: os.Path
         assert verify_store(e.store, read_data=True).ok
 
 
+def test_the_checks_plan_reads_no_tree_its_capture_read_or_wrote(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """The check's capture reads the old trees of the directories it walks (the last
+    checkpoint's, here the target's) and writes the new ones: both sides of the plan's
+    diff. The plan takes them from the capture (``trees_out``), so during the whole check
+    no tree but the target's top (its root's one entry, read by the plan) is read twice,
+    and no tree the capture wrote is read at all; the restore that follows is exact."""
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    trees.build_tree(
+        root,
+        {
+            **{f"a/b/c/f{i}": trees.File(b"c%d" % i) for i in range(5)},
+            **{f"d/e/f{i}": trees.File(b"e%d" % i) for i in range(5)},
+            "top": trees.File(b"top"),
+        },
+    )
+    before = trees.snapshot_tree(root)
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        target_top = e.create("c0").top_tree
+        with open(os.path.join(root, "a/b/c/f1"), "ab") as f:
+            f.write(b" edited")
+        os.mkdir(os.path.join(root, "d/e/new"))
+        trees.build_tree(root, {"d/e/new/g": trees.File(b"new")})
+        read: list[tuple[ObjectId, bytes]] = []
+        inner_one, inner_many = e.store.read, e.store.read_many
+
+        def read_one(oid: ObjectId) -> bytes:
+            data = inner_one(oid)
+            read.append((oid, data))
+            return data
+
+        def read_many(oids: Sequence[ObjectId]) -> list[bytes]:
+            datas = inner_many(oids)
+            read.extend(zip(oids, datas, strict=True))
+            return datas
+
+        e.store.read, e.store.read_many = read_one, read_many  # type: ignore[method-assign]
+        made: dict[ObjectId, bytes] = {}
+        real_capture = engine_mod.capture
+
+        def capture(*a: Any, **k: Any) -> Any:
+            r = real_capture(*a, **k)
+            made.update(k.get("trees_out") or {})
+            return r
+
+        engine_mod.capture = capture  # type: ignore[assignment]
+        try:
+            assert e.check_restore("v0")
+        finally:
+            engine_mod.capture = real_capture  # type: ignore[assignment]
+        tree_reads = collections.Counter(
+            o for o, data in read if data.startswith(b"SPT2") and o != target_top
+        )
+        # the old trees of the root directory, a, a/b, a/b/c, d and d/e: once each
+        assert len(tree_reads) == 6
+        assert max(tree_reads.values()) == 1, tree_reads
+        written = {o for o in made if o not in tree_reads}
+        assert len(written) == 8  # the new ones (d/e/new too), and the live top
+        assert not written & set(tree_reads)
+        e.store.read, e.store.read_many = inner_one, inner_many  # type: ignore[method-assign]
+        e.restore("v0")
+        trees.assert_trees_equal(before, root, check_holes="exact")
+        assert verify_store(e.store, read_data=True).ok
+
+
 def test_undo_after_the_layer_changed_since_its_check(tmp_path: os.PathLike[str]) -> None:
     """The bytes kept by a check are only a shortcut: when the layer changed again before
     the restore, the ranges of the new difference are read from the store, and the result
@@ -223,6 +290,7 @@ def _open_fds() -> list[str]:
 SCRIPT = r"""
 import sys
 from sprite_env.checkpoints import Engine
+from sprite_env.checkpoints import engine as engine_mod
 root, store = sys.argv[1:3]
 with Engine(root, store) as e:
     e.restore("v0")
