@@ -41,6 +41,7 @@ struct bulk_task {
     struct bulk_file *files;
     size_t n, next, done, limit, min_size, avg_size, max_size;
     unsigned helpers, max_helpers; /* pool threads on this task now, and at most */
+    bool lazy;                     /* see bulk_start() */
     pthread_cond_t finished;
 };
 
@@ -224,7 +225,13 @@ static void *worker(void *arg)
             unqueue(t); /* nothing left to claim in it */
         }
         t->helpers++;
+        /* a lazy task's starter woke one thread at most: the ramp-up is ours */
+        struct bulk_task *more = pool.idle > 0 ? claimable() : NULL;
+        bool wake = more != NULL && more->lazy;
         pthread_mutex_unlock(&pool.lock);
+        if (wake) {
+            pthread_cond_signal(&pool.work);
+        }
         read_one(t, &t->files[i]);
         pthread_mutex_lock(&pool.lock);
         t->helpers--;
@@ -280,7 +287,7 @@ static int init_monotonic(pthread_cond_t *c)
 
 struct bulk_task *bulk_start(int dirfd, struct bulk_file *files, size_t n, size_t limit,
                              size_t min_size, size_t avg_size, size_t max_size,
-                             unsigned threads)
+                             unsigned threads, bool lazy)
 {
     pthread_once(&atfork_once, register_atfork);
     struct bulk_task *t = calloc(1, sizeof *t);
@@ -294,7 +301,8 @@ struct bulk_task *bulk_start(int dirfd, struct bulk_file *files, size_t n, size_
                             .min_size = min_size,
                             .avg_size = avg_size,
                             .max_size = max_size,
-                            .max_helpers = threads > 0 ? threads : 1};
+                            .max_helpers = threads > 0 ? threads : 1,
+                            .lazy = lazy};
     if (t->dirfd < 0 || init_monotonic(&t->finished) != 0) {
         if (t->dirfd >= 0) {
             close(t->dirfd);
@@ -323,6 +331,10 @@ struct bulk_task *bulk_start(int dirfd, struct bulk_file *files, size_t n, size_
         wake = n < t->max_helpers ? n : t->max_helpers;
         if (wake > pool.idle) {
             wake = pool.idle;
+        }
+        if (lazy && wake > 0) {
+            /* one, and only if no thread is awake to find the task in the queue */
+            wake = pool.idle == pool.threads ? 1 : 0;
         }
     }
     pthread_mutex_unlock(&pool.lock);

@@ -115,12 +115,14 @@ static void pending_destroy(PyObject *capsule)
 }
 
 PyDoc_STRVAR(read_start_doc,
-"read_start(dirfd, names, limit, min_size, avg_size, max_size, threads, /) -> batch\n--\n\n"
+"read_start(dirfd, names, limit, min_size, avg_size, max_size, threads, lazy=False, /)\n"
+"-> batch\n--\n\n"
 "Starts reading, chunking and hashing the files names (bytes, in the directory open at\n"
 "dirfd, which the batch duplicates) on up to threads threads of a pool, without the GIL,\n"
 "and returns at once; read_finish(batch) gives the results. Raises ValueError for bad\n"
 "chunking parameters or a name that is not bytes without NUL, OSError if the batch could\n"
-"not be started.");
+"not be started. lazy: wake a pool thread only if none is awake, and let the pool wake\n"
+"the rest (for many batches started in a row and waited for later).");
 
 static PyObject *native_read_start(PyObject *self, PyObject *args)
 {
@@ -129,8 +131,9 @@ static PyObject *native_read_start(PyObject *self, PyObject *args)
     PyObject *names;
     Py_ssize_t limit, min_size, avg_size, max_size;
     unsigned threads;
-    if (!PyArg_ParseTuple(args, "iO!nnnnI:read_start", &dirfd, &PyList_Type, &names, &limit,
-                          &min_size, &avg_size, &max_size, &threads)) {
+    int lazy = 0;
+    if (!PyArg_ParseTuple(args, "iO!nnnnI|p:read_start", &dirfd, &PyList_Type, &names, &limit,
+                          &min_size, &avg_size, &max_size, &threads, &lazy)) {
         return NULL;
     }
     if (limit < 0 || min_size < 0 || avg_size < 0 || max_size < 0) {
@@ -175,7 +178,7 @@ static PyObject *native_read_start(PyObject *self, PyObject *args)
      * the GIL for those microseconds would cost, beside a busy Python thread, up to its
      * switch interval (5 ms) to take it back, for each directory of the walk. */
     p->task = bulk_start(dirfd, p->files, (size_t)n, (size_t)limit, (size_t)min_size,
-                         (size_t)avg_size, (size_t)max_size, threads);
+                         (size_t)avg_size, (size_t)max_size, threads, lazy != 0);
     if (p->task == NULL) {
         int err = errno ? errno : ENOMEM;
         pending_free(p);

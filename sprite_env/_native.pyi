@@ -266,12 +266,15 @@ def read_start(
     avg_size: int,
     max_size: int,
     threads: int,
+    lazy: bool = False,
     /,
 ) -> object:
     """Starts reading, chunking and hashing the files ``names`` of the directory open at
     ``dirfd`` (the batch duplicates it) on up to ``threads`` threads of a pool, which
     never take the GIL, and returns the batch at once, for :func:`read_finish`
-    (bulkread.c). The caller keeps the GIL meanwhile.
+    (bulkread.c). The caller keeps the GIL meanwhile. ``lazy``: a pool thread is woken
+    only if none is awake, and the pool wakes the rest itself (for many batches started
+    in a row and waited for later: each wake costs the caller a futex call).
 
     Raises:
         ValueError: bad chunking parameters, or a name that is not bytes without NUL.

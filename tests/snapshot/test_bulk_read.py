@@ -227,6 +227,37 @@ def test_read_finish_done_at_once_or_waited_for(tmp_path: os.PathLike[str]) -> N
     assert [r[1] if r is not None else None for r in reads] == list(bodies.values())
 
 
+def test_lazy_batches_started_in_a_row_are_all_read(tmp_path: os.PathLike[str]) -> None:
+    """A plan starts many lazy batches in a row (the caller wakes a pool thread only if
+    none is awake; the pool wakes the rest): every file of every batch is read, as the
+    eager batch reads it, however many threads each batch may use, while other batches
+    keep the pool busy."""
+    d = os.fsencode(tmp_path)
+    rng = random.Random(11)
+    dirs: dict[bytes, dict[bytes, bytes]] = {}
+    for i in range(40):
+        sub = b"d%02d" % i
+        os.mkdir(os.path.join(d, sub))
+        dirs[sub] = {b"f%d" % k: rng.randbytes(rng.choice(EDGES[:9])) for k in range(i % 7 + 1)}
+        for name, body in dirs[sub].items():
+            with open(os.path.join(d, sub, name), "wb") as f:
+                f.write(body)
+    fds = {sub: os.open(os.path.join(d, sub), os.O_RDONLY | os.O_DIRECTORY) for sub in dirs}
+    try:
+        started = [
+            (sub, native.read_start(fd, list(dirs[sub]), LIMIT, *CDC, 1 + n % 8, True))
+            for n, (sub, fd) in enumerate(fds.items())
+        ]
+        for sub, batch in reversed(started):  # waited for in any order
+            lazy = native.read_finish(batch)
+            eager = native.read_files(fds[sub], list(dirs[sub]), LIMIT, *CDC, 4)
+            assert [r[1] for r in lazy] == list(dirs[sub].values())
+            assert [(r[1], r[2], r[3]) for r in lazy] == [(r[1], r[2], r[3]) for r in eager]
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
 def test_a_file_changing_while_read_is_never_torn(tmp_path: os.PathLike[str]) -> None:
     """A writer rewrites a file in place between two versions (truncate, write) every 5 ms;
     every reading the batch returns is one whole version (the empty file between the two
