@@ -118,6 +118,32 @@ def test_replace_drops_cached_encoding() -> None:
     assert decode_tree(encode_tree([changed]))[0].mode == 0o644
 
 
+@settings(max_examples=200, deadline=None, database=None)
+@given(entries)
+def test_one_entry_decodes_alone_as_in_its_tree(e: TreeEntry) -> None:
+    """``decode_entry`` parses an entry in place: what its tree's decoding gives, the very
+    bytes kept for a re-encoding, and any trailing, missing or unknown byte refused."""
+    raw = entry_spans(encode_tree([e]))[e.name]
+    got = decode_entry(raw)
+    assert got == e == decode_tree(encode_tree([e]))[0]
+    assert encode_entry(got) == raw
+    assert encode_tree([got]) == encode_tree([e])
+    assert decode_entry(memoryview(raw)) == e
+    for bad in (raw + b"x", raw[:-1]):
+        with pytest.raises(CorruptObject):
+            decode_entry(bad)
+
+
+@pytest.mark.parametrize("kind", [0, 7, 255])
+def test_an_unknown_kind_is_refused(kind: int) -> None:
+    raw = bytearray(encode_entry(TreeEntry(b"f", Kind.FILE, 0, 0, 0, 0)))
+    raw[2] = kind  # after the name's length (u16)
+    with pytest.raises(CorruptObject):
+        decode_entry(bytes(raw))
+    with pytest.raises(CorruptObject):
+        decode_tree(b"SPT2" + (1).to_bytes(4, "little") + bytes(raw))
+
+
 def test_format_1_is_refused_by_name() -> None:
     with pytest.raises(CorruptObject, match="tree format 1"):
         decode_tree(b"SPT1" + bytes(4))
