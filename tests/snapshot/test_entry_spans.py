@@ -136,6 +136,15 @@ def test_differing_names_for_plain_mappings_and_entries(tmp_path: os.PathLike[st
         eb = read_entries(e.store.read, top_entry(e.store.read, b).subtree)
     assert differing(ea, eb) == [b"w", b"x", b"z"]
     assert differing(dict(ea), dict(eb)) == [b"w", b"x", b"z"]
+    # remembered per pair (a check's plan, its diff and the restore walk the same pairs):
+    # the same answer again, a list of the caller's own, and another pair its own answer
+    again = differing(ea, eb)
+    assert again == [b"w", b"x", b"z"]
+    again.append(b"mine")
+    assert differing(ea, eb) == [b"w", b"x", b"z"]
+    assert differing(eb, ea) == [b"w", b"x", b"z"]
+    assert differing(ea, Entries(dict(ea.raw))) == []
+    assert differing(ea, Entries({})) == [b"x", b"y", b"z"]
 
 
 def test_prefetch_reads_the_changed_directories_a_level_at_a_time(
