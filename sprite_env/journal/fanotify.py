@@ -213,6 +213,9 @@ class Batch:
     #: poll and 0.5 s of the interpreter during the next checkpoint)
     fresh_dirs: set[bytes] = field(default_factory=set)
     fresh_objects: set[bytes] = field(default_factory=set)
+    #: the triples of ``named_objects`` added since their taker (``Journal.poll``) last
+    #: emptied it, likewise
+    fresh_named: set[tuple[bytes, bytes, bytes]] = field(default_factory=set)
     foreign: int = 0
     overflow: bool = False
     events: int = 0
@@ -289,7 +292,10 @@ def decode(buf: bytes, fsid: tuple[int, int], into: Batch) -> None:
             elif obj_handle is not None and (dir_handle, name) not in into.entries:
                 # (a name an entry event explains is not checked: entries only grow, so a
                 # file created this epoch, an npm install's 50k, costs nothing here)
-                into.named_objects.add((dir_handle, name, obj_handle))
+                triple = (dir_handle, name, obj_handle)
+                if triple not in into.named_objects:
+                    into.named_objects.add(triple)
+                    into.fresh_named.add(triple)
         elif dir_handle is not None:  # an event on the directory itself
             if dir_handle not in selves:
                 selves.add(dir_handle)

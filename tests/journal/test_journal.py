@@ -179,6 +179,70 @@ def test_a_quiet_journal_reads_and_resolves_after(
         assert opened == []
 
 
+def _plan_after(j: Journal) -> WalkPlan:
+    plan = j.begin()
+    assert plan.hint is not None, plan.reason
+    j.commit(plan, MEMO)
+    return plan
+
+
+def test_names_of_writes_in_place_are_looked_up_by_a_poll(
+    layer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write in place names its file with no entry event: begin() must check that the
+    name still names the written file (one ``name_to_handle_at`` each, ~1.1k in the medium
+    step). A poll between captures looks them up ahead, so begin() looks up none, and its
+    plan names the same files."""
+    for i in range(12):
+        write_file(f"{layer}/d{i % 3}/f{i}", b"0")
+    with started(layer) as j:
+        for i in range(12):
+            with open(f"{layer}/d{i % 3}/f{i}", "ab") as f:
+                f.write(b"1")
+        j.poll()
+        from sprite_env.journal import fanotify
+
+        looked: list[bytes] = []
+        real = fanotify.handle_at
+
+        def handle_at(path: bytes) -> bytes:
+            looked.append(path)
+            return real(path)
+
+        monkeypatch.setattr(fanotify, "handle_at", handle_at)
+        plan = _plan_after(j)
+        assert looked == []
+        assert plan.hint is not None
+        assert {d: set(n) for d, n in plan.hint.named.items()} == {
+            f"d{k}".encode(): {f"f{i}".encode() for i in range(k, 12, 3)} for k in range(3)
+        }
+
+
+def test_a_write_under_a_lost_name_found_ahead_names_the_file_where_it_is(
+    layer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write through a descriptor opened by a name the file lost in an earlier epoch is
+    reported under that name: a poll finds where the file is now (its other link), and
+    begin() names it there without looking again."""
+    write_file(f"{layer}/x/f", b"0")
+    os.link(f"{layer}/x/f", f"{layer}/x/h")
+    fd = os.open(f"{layer}/x/f", os.O_WRONLY)
+    try:
+        with started(layer) as j:
+            os.unlink(f"{layer}/x/f")
+            full = j.begin()  # that epoch's capture: a full walk (a link count changed)
+            j.commit(full, MEMO)
+            os.write(fd, b"written through the lost name")
+            j.poll()
+            lost = _record_calls(monkeypatch, j, "_lost_name_path")
+            plan = _plan_after(j)
+            assert lost == []
+            assert plan.hint is not None
+            assert plan.hint.named[b"x"] >= {b"h"}
+    finally:
+        os.close(fd)
+
+
 def test_a_directory_resolved_ahead_then_moved_is_walked_at_its_new_place(layer: str) -> None:
     """A handle poll() resolved names the old path after a move; the move itself makes
     the new place void (walked whole), so what is written there after it is not missed."""
