@@ -302,7 +302,7 @@ class Journal:
             for h in objects:
                 with contextlib.suppress(_NotYet):
                     ahead.objects[h] = self._object_path(h, ahead=True)
-            self._names_ahead(named, known, ahead)
+            self._names_ahead(named, known, ahead, epoch)
         except _Doubt as e:
             ahead.doubt = str(e)
         except OSError:
@@ -321,6 +321,7 @@ class Journal:
         named: list[tuple[bytes, bytes, bytes]],
         known: _Resolved,
         ahead: _Resolved,
+        epoch: int,
     ) -> None:
         """Looks up, ahead of :meth:`begin`, what :meth:`_resolve` looks up for each data
         or metadata event whose name no entry event explains: the file its name names now,
@@ -333,8 +334,12 @@ class Journal:
         the name (``batch.names - batch.entries``), and what the entry event names is
         walked. A file found elsewhere moves only by such events too, which name it where
         it goes. What is in doubt (several links, not in the layer) is left to begin.
+        Stops when a capture has begun (``epoch`` is over): what it found would be thrown
+        away, and it would only take the interpreter from the capture.
         """
         for h, name, obj in named:
+            if self._epoch != epoch:
+                return
             rel = ahead.dirs[h] if h in ahead.dirs else known.dirs.get(h)
             if rel is None:
                 continue  # not resolved (or outside the layer): begin decides
