@@ -26,7 +26,6 @@ import stat
 import time
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -77,7 +76,6 @@ CHECK_HINT = "sprite-env store check --read-data"
 if TYPE_CHECKING:
     from sprite_env.ids import ObjectId
     from sprite_env.store.backend import RemoteConfig
-    from sprite_env.store.writer import StoreWriter
 
 MAX_COMMENT = 4096
 log = logging.getLogger("sprite_env.engine")
@@ -490,16 +488,12 @@ class Engine:
         return self._store_live(progress)[1]
 
     def _store_live(
-        self,
-        progress: Progress | None,
-        trees_out: dict[ObjectId, bytes] | None = None,
-        meanwhile: Callable[[CaptureResult], object] | None = None,
+        self, progress: Progress | None, trees_out: dict[ObjectId, bytes] | None = None
     ) -> tuple[CaptureResult, int]:
         """:meth:`prewarm`'s capture: journal-driven where a journal runs, its trees and
         data stored (so its top tree can be read and diffed like a checkpoint's until the
         next collection), its files cache committed. Returns it and the bytes it stored;
-        ``trees_out`` receives the trees it read and wrote (``capture``'s); ``meanwhile``
-        is called with it while it commits (see :func:`_while_committing`)."""
+        ``trees_out`` receives the trees it read and wrote (``capture``'s)."""
         self._forget_lost()
         with open_epoch(self.journal) as ep, self.store.writer() as w:
             r = capture(
@@ -516,14 +510,7 @@ class Engine:
                 trees_out=trees_out,
             )
             r.walk, r.walk_reason = ep.walked(r)
-
-            def hook(db: Any) -> None:
-                _save_cache(db, r)
-
-            if meanwhile is None:
-                w.commit(hook)  # publishes the packs as it fills its rows
-            else:
-                _while_committing(w, hook, lambda: meanwhile(r))
+            w.commit(lambda db: _save_cache(db, r))  # publishes the packs as it fills its rows
             return r, w.stats.bytes_stored
 
     # -- compare ---------------------------------------------------------------------------
@@ -704,19 +691,13 @@ class Engine:
         # The trees the capture read and wrote are both sides of the plan's diff where the
         # files cache was the target's (an undo: its rows are the last checkpoint's), so
         # the plan reads none of them again: the medium undo's plan read ~2.2k trees from
-        # the store (0.2 s of its 0.28 s, py-spy). With them (and its chunk lists) the
-        # plan needs nothing uncommitted, so it runs while the capture commits (the
-        # commit, 0.16-0.22 s of the medium check, waits mostly for fsync).
+        # the store (0.2 s of its 0.28 s, py-spy).
         seen: dict[ObjectId, bytes] = {}
-        changes: list[bool] = []
-
-        def check(live: CaptureResult) -> None:
-            changes[:] = [live.top_tree != target.top_tree]
-            if changes[0]:
-                self._preflight(cid, target.top_tree, live.top_tree, self.store.read, seen=seen)
-
-        self._store_live(progress, trees_out=seen, meanwhile=check)
-        return changes[0]
+        live, _ = self._store_live(progress, trees_out=seen)
+        if live.top_tree == target.top_tree:
+            return False
+        self._preflight(cid, target.top_tree, live.top_tree, self.store.read, seen=seen)
+        return True
 
     def _forget_checks(self) -> None:
         """Ends what a check and its restore share (see ``_trees``)."""
@@ -1407,24 +1388,6 @@ class Engine:
             with self.store.catalog.transaction() as db:
                 purge(db, set())
         self._cache_purged = self._cache_purged | damaged
-
-
-def _while_committing(
-    w: StoreWriter, hook: Callable[[Any], None], work: Callable[[], object]
-) -> None:
-    """Commits ``w`` (with ``hook``) on a thread of its own while ``work`` runs here. If
-    ``work`` fails beside the commit, it runs once more after it: it may have asked the
-    store for an object not committed yet, which would have looked missing. So its errors
-    are its own; the commit's come first."""
-    with ThreadPoolExecutor(1, thread_name_prefix="commit") as pool:
-        committing = pool.submit(w.commit, hook)
-        try:
-            work()
-        except Exception:
-            committing.result()
-            work()
-            return
-        committing.result()
 
 
 def _reading_first(

@@ -826,8 +826,8 @@ class Capturer:
         trees_out: dict[ObjectId, bytes] | None = None,
     ) -> None:
         self.root = root
-        #: Where the trees this capture reads (its directories' old trees) and writes, and
-        #: the chunk lists it writes, go, by id, when a caller asks (``capture(trees_out=)``).
+        #: Where the trees this capture reads (its directories' old trees) and writes go,
+        #: by id, when a caller asks (``capture(trees_out=...)``).
         self.trees_out = trees_out
         #: Reads many trees in one batch (``ObjectReader.read_many``), or None: one by one.
         self.read_many = read_many
@@ -1970,12 +1970,6 @@ class Capturer:
             self.trees_out[tree_id] = body
         return tree_id
 
-    def _put_chunklist(self, body: bytes) -> ObjectId:
-        oid = self.sink.put(body, ObjectKind.CHUNKLIST)
-        if self.trees_out is not None:  # (from the readers' threads too: one dict store)
-            self.trees_out[oid] = body
-        return oid
-
     def _materialize(
         self, rel: bytes, fd: int, cached: CachedDir | None, pending: list[_Pending]
     ) -> list[TreeEntry]:
@@ -2240,7 +2234,7 @@ class Capturer:
         payload = encode_chunks(chunks)
         indirect = len(chunks) > INLINE_CHUNKS
         if indirect:
-            payload = self._put_chunklist(payload)
+            payload = self.sink.put(payload, ObjectKind.CHUNKLIST)
         entry = TreeEntry(
             name,
             Kind.FILE,
@@ -2534,7 +2528,7 @@ class Capturer:
         payload = encode_chunks(chunks)
         indirect = len(chunks) > INLINE_CHUNKS
         if indirect:
-            payload = self._put_chunklist(payload)
+            payload = self.sink.put(payload, ObjectKind.CHUNKLIST)
         if sums is not None and key is not None:
             pid = payload if indirect else object_id(payload)
             parts = [s for s in sums if isinstance(s, bytes)]
@@ -2666,9 +2660,8 @@ def capture(
         read_many: reads many trees at once (the store's ``read_many``): a walk the
             journal narrowed reads the old trees of its changed directories in one batch.
         trees_out: receives, by id, the trees the capture read (the old trees of the
-            directories it walked) and wrote, and the chunk lists it wrote: what a
-            restore's plan that follows reads of the diff between the files cache's
-            checkpoint and the result, before the capture is committed.
+            directories it walked) and wrote: both sides of a diff between the files
+            cache's checkpoint and the result, for a restore's plan that follows.
 
     Returns:
         The top tree's id, counters, warnings, the files-cache rows and page digests to

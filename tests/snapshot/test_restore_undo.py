@@ -15,7 +15,6 @@ import signal
 import stat
 import subprocess
 import sys
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +23,6 @@ import pytest
 from sprite_env.checkpoints import Engine
 from sprite_env.checkpoints import engine as engine_mod
 from sprite_env.checkpoints.verify import verify_store
-from sprite_env.errors import StoreError
 from sprite_env.snapshot import dircache, frees, preflight
 from sprite_env.snapshot import restore as restore_mod
 from sprite_env.snapshot.diff import read_entries
@@ -32,7 +30,6 @@ from sprite_env.snapshot.paths import PathNotFound
 from sprite_env.snapshot.tree import Kind
 from sprite_env.store import codec
 from sprite_env.store.pack import ENTRY, pack_path
-from sprite_env.store.writer import StoreWriter
 from tests.helpers import trees
 from tests.helpers.opens import ancestors
 
@@ -161,25 +158,26 @@ def test_the_checks_plan_reads_no_tree_its_capture_read_or_wrote(
         },
     )
     before = trees.snapshot_tree(root)
-    # past the racy window (50 ms) before each capture: a file too new to vouch for makes
-    # a walk give a directory up to its slow path, which reads its old tree once more
-    time.sleep(0.06)
     with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
         target_top = e.create("c0").top_tree
         with open(os.path.join(root, "a/b/c/f1"), "ab") as f:
             f.write(b" edited")
         os.mkdir(os.path.join(root, "d/e/new"))
         trees.build_tree(root, {"d/e/new/g": trees.File(b"new")})
-        time.sleep(0.06)
         read: list[tuple[ObjectId, bytes]] = []
-        inner_many = e.store.read_many
+        inner_one, inner_many = e.store.read, e.store.read_many
 
-        def read_many(oids: Sequence[ObjectId]) -> list[bytes]:  # Store.read's way too
+        def read_one(oid: ObjectId) -> bytes:
+            data = inner_one(oid)
+            read.append((oid, data))
+            return data
+
+        def read_many(oids: Sequence[ObjectId]) -> list[bytes]:
             datas = inner_many(oids)
             read.extend(zip(oids, datas, strict=True))
             return datas
 
-        e.store.read_many = read_many  # type: ignore[method-assign]
+        e.store.read, e.store.read_many = read_one, read_many  # type: ignore[method-assign]
         made: dict[ObjectId, bytes] = {}
         real_capture = engine_mod.capture
 
@@ -202,49 +200,7 @@ def test_the_checks_plan_reads_no_tree_its_capture_read_or_wrote(
         written = {o for o in made if o not in tree_reads}
         assert len(written) == 8  # the new ones (d/e/new too), and the live top
         assert not written & set(tree_reads)
-        e.store.read_many = inner_many  # type: ignore[method-assign]
-        e.restore("v0")
-        trees.assert_trees_equal(before, root, check_holes="exact")
-        assert verify_store(e.store, read_data=True).ok
-
-
-def test_the_checks_plan_runs_while_its_capture_commits(
-    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The check plans the restore (room, data verified) while its capture's commit runs
-    (it needs nothing uncommitted: the capture hands it the trees and chunk lists it made);
-    a plan that fails beside the commit, as one that asked for an object not committed
-    yet would, runs again after it, and only its own errors count."""
-    root = os.path.join(os.fspath(tmp_path), "layer")
-    _layer(root)
-    before = trees.snapshot_tree(root)
-    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
-        e.create("c0")
-        _step(root)
-        planning = threading.Event()
-        real_commit = StoreWriter.commit
-
-        def commit(self: StoreWriter, hook: Any = None) -> Any:
-            if threading.current_thread().name.startswith("commit"):
-                # the check's: the plan must run meanwhile (it would time out otherwise)
-                assert planning.wait(30)
-            return real_commit(self, hook)
-
-        real_preflight = engine_mod.Engine._preflight
-        calls: list[bool] = []
-
-        def planned(self: Engine, *a: Any, **k: Any) -> None:
-            planning.set()
-            calls.append(True)
-            if len(calls) == 1:
-                raise preflight.CheckpointDamaged("v0", b"pkg", StoreError("not yet"))
-            real_preflight(self, *a, **k)
-
-        monkeypatch.setattr(StoreWriter, "commit", commit)
-        monkeypatch.setattr(engine_mod.Engine, "_preflight", planned)
-        assert e.check_restore("v0")
-        assert len(calls) == 2  # beside the commit (failed), then after it
-        monkeypatch.undo()
+        e.store.read, e.store.read_many = inner_one, inner_many  # type: ignore[method-assign]
         e.restore("v0")
         trees.assert_trees_equal(before, root, check_holes="exact")
         assert verify_store(e.store, read_data=True).ok
