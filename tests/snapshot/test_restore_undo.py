@@ -699,3 +699,24 @@ def test_the_refresh_stats_only_what_the_restore_changed(
         again = e.create("again", progress=lambda _phase, s: stats.append(s))
         assert stats[-1].files_read == 0  # type: ignore[attr-defined]
         assert again.top_tree == c0.top_tree
+
+
+def test_a_restore_counts_the_subdirectories_it_skips(tmp_path: os.PathLike[str]) -> None:
+    """``dirs_skipped``: the subdirectories equal on both sides of each directory the
+    restore walks (their subtrees never visited), not those it changes, removes or makes."""
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    spec: trees.Spec = {f"s{i}/f": trees.File(b"%d" % i) for i in range(5)}
+    spec |= {"ch/f": trees.File(b"c"), "keep/inner/f": trees.File(b"k"), "top": trees.File(b"t")}
+    trees.build_tree(root, spec)
+    before = trees.snapshot_tree(root)
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        e.create("c0")
+        with open(os.path.join(root, "ch/f"), "ab") as f:
+            f.write(b" edited")
+        trees.build_tree(root, {"newd/g": trees.File(b"new"), "ch/sub/h": trees.File(b"h")})
+        os.unlink(os.path.join(root, "s4/f"))
+        os.rmdir(os.path.join(root, "s4"))
+        rep = e.restore("v0")
+        trees.assert_trees_equal(before, root, check_holes="exact")
+    # the root's s0-s3 and keep; not ch (changed), newd (removed) nor s4 (made again)
+    assert rep.stats.dirs_skipped == 5
