@@ -107,6 +107,11 @@ class Environment:
     async def down(self, job: Job) -> AsyncIterator[None]:
         """Holds the environment down for the block (a restore or reset), then brings it
         back up, also when the block failed: a failed restore must not leave it down."""
+        if self.overlay is not None:  # what the unmount would flush, flushed while up
+            try:
+                await trio.to_thread.run_sync(self.overlay.flush)
+            except OSError as e:  # only a head start: the unmount flushes (and fails) anyway
+                log.warning("flushing %s before a restore: %s", self.overlay.upper, e)
         job.info("Stopping services...")
         try:
             async with self.supervisor.paused():

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from sprite_env.errors import UserError
 from sprite_env.mountinfo import fstype_at
+from sprite_env.snapshot.fsmeta import syncfs
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 MNT_DETACH = 2
@@ -76,6 +77,18 @@ class Overlay:
         if r != 0:
             e = ctypes.get_errno()
             raise OverlayError(f"cannot mount overlay at {self.merged}: {os.strerror(e)}")
+
+    def flush(self) -> None:
+        """Writes UPPER's file system's dirty data back now. Unmounting MERGED syncs UPPER
+        (overlayfs' ``sync_fs``), and a restore unmounts it with the environment down: 40 MB
+        written through MERGED made that unmount take 0.18 s, 6.5 ms after a flush (this
+        VM's ext4). Flushed while the environment still runs, only what it writes after is
+        left to the unmount."""
+        fd = os.open(self.upper, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            syncfs(fd)
+        finally:
+            os.close(fd)
 
     def unmount(self) -> None:
         """Unmounts MERGED. Processes inside must be gone first (else EBUSY), and then a
