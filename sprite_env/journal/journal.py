@@ -347,9 +347,8 @@ class Journal:
             if key in known.names or key in ahead.names:
                 now = known.names.get(key, ahead.names.get(key))
             else:
-                where = b"/".join(p for p in (self.root, rel) if p)
                 try:
-                    now = fan.handle_at(where + b"/" + name)
+                    now = self._handle_of(rel, name)
                 except OSError as e:
                     if e.errno not in (errno.ENOENT, errno.ENOTDIR):
                         continue
@@ -454,6 +453,19 @@ class Journal:
                 self._full_reason = self._full_reason or reason
 
     # -- resolving handles -------------------------------------------------------------------
+
+    def _path(self, rel: bytes) -> bytes:
+        """The absolute path of ``rel`` (relative to the root)."""
+        return b"/".join(p for p in (self.root, rel) if p)
+
+    def _handle_of(self, rel: bytes, name: bytes) -> bytes:
+        """The handle of what ``name`` in the directory ``rel`` names now (what an event's
+        name is checked against: ``_resolve``, and ``_names_ahead`` between captures).
+
+        Raises:
+            OSError: ENOENT or ENOTDIR where nothing has the name, or any other error.
+        """
+        return fan.handle_at(self._path(rel) + b"/" + name)
 
     def _rel(self, path: bytes) -> bytes | None:
         root = self.root
@@ -655,9 +667,8 @@ class Journal:
                 if not objects or not self._dir_gone(h, gone):
                     continue  # outside the layer (or nothing to find)
             else:
-                where = b"/".join(p for p in (self.root, rel) if p)
                 try:
-                    now = fan.handle_at(where + b"/" + name)
+                    now = self._handle_of(rel, name)
                 except OSError as e:
                     if e.errno not in (errno.ENOENT, errno.ENOTDIR):
                         why = os.strerror(e.errno or 0)
@@ -665,7 +676,7 @@ class Journal:
                     if not objects:
                         # every such event carries its file's handle (FAN_REPORT_FID);
                         # without one, where the file went cannot be told
-                        if e.errno == errno.ENOENT and _is_dir(where):
+                        if e.errno == errno.ENOENT and _is_dir(self._path(rel)):
                             msg = "an event named a file by a name it does not have"
                             raise _Doubt(msg) from None
                         continue  # the directory left this path: an event of its own
