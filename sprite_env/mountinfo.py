@@ -35,10 +35,16 @@ def mounts() -> list[MountEntry]:
 
 def fstype_at(path: str) -> str | None:
     """The type of the file system mounted exactly at ``path`` (the last one), or None."""
-    path = os.path.realpath(path)  # mountinfo shows resolved paths
+    return fstype_of(os.path.realpath(path))  # mountinfo shows resolved paths
+
+
+def fstype_of(mountpoint: str) -> str | None:
+    """:func:`fstype_at` for a path resolved already: it looks only at the table, never at
+    the path (a lookup through a mount holds a reference to it for a moment, and an
+    unmount that meets one fails with EBUSY)."""
     found = None
     for m in mounts():
-        if m.mountpoint == path:
+        if m.mountpoint == mountpoint:
             found = m.fstype
     return found
 

@@ -1080,7 +1080,7 @@ async def _finish_interrupted(daemon: Daemon) -> None:
     if intent is not None:
         log.info("finishing an interrupted restore")
         daemon.say_phase("finishing-restore")
-        await daemon.env.take_down()
+        unmounting = await daemon.env.take_down()
         try:
             rep = await trio.to_thread.run_sync(engine.resume_pending)
         except RestoreFailed as e:
@@ -1089,6 +1089,8 @@ async def _finish_interrupted(daemon: Daemon) -> None:
             daemon.activity.record("restore", e.target, "daemon", False, str(e))
             rep = None
         finally:
+            if unmounting is not None:
+                await trio.to_thread.run_sync(unmounting.finish)
             if daemon.env.overlay is not None:
                 await trio.to_thread.run_sync(daemon.env.overlay.empty_work)
         if rep is not None:

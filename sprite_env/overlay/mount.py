@@ -11,15 +11,20 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import select
 import shutil
+import threading
 from dataclasses import dataclass
 
 from sprite_env.errors import UserError
-from sprite_env.mountinfo import fstype_at
+from sprite_env.mountinfo import fstype_at, fstype_of
 from sprite_env.snapshot.fsmeta import syncfs
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 MNT_DETACH = 2
+#: How long :meth:`Overlay.start_unmount` waits between looks at whether its unmount has
+#: ended without a change of the mount table (it failed): milliseconds.
+_UNMOUNT_LOOK_MS = 5
 
 
 class OverlayError(UserError):
@@ -93,13 +98,48 @@ class Overlay:
     def unmount(self) -> None:
         """Unmounts MERGED. Processes inside must be gone first (else EBUSY), and then a
         lazy unmount would leave them writing to a layer being replaced: refuse instead."""
+        self.start_unmount().finish()
+
+    def start_unmount(self) -> Unmounting:
+        """:meth:`unmount`, returning as soon as MERGED has left the mount table: the
+        kernel then still tears the overlay's super block down (it evicts every dentry and
+        inode it cached, and syncs UPPER's file system), in the calling thread of
+        ``umount(2)`` before that returns: 0.39 s after one walk of the medium layer's 110k
+        files through MERGED, against 1.2 ms for MERGED to leave the table. Nothing can
+        reach the overlay after that, so a restore may write UPPER meanwhile; call
+        :meth:`Unmounting.finish` before mounting again (a second super block on the same
+        UPPER and WORK is refused or warned about by the kernel).
+
+        The plain ``umount(2)`` (not lazy) runs on a thread of its own, so that a process
+        still inside fails it with EBUSY as before. Its end is seen in the mount table
+        (``poll`` on ``/proc/self/mountinfo`` wakes at every mount or unmount), never by a
+        look at MERGED itself: a path lookup through the mount holds a reference to it for
+        a moment, and an unmount that met one would fail with EBUSY.
+
+        Raises:
+            OverlayError: MERGED is busy, or cannot be unmounted.
+        """
         if not self.is_mounted():
-            return
-        if _libc.umount2(os.fsencode(self.merged), 0) != 0:
-            e = ctypes.get_errno()
-            if e == errno.EBUSY:
-                raise OverlayError(f"{self.merged} is busy: a process still uses it")
-            raise OverlayError(f"cannot unmount {self.merged}: {os.strerror(e)}")
+            return Unmounting(self.merged, None, [])
+        mountpoint = os.path.realpath(self.merged)  # before the unmount: it looks at MERGED
+        table = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            watch = select.poll()
+            watch.register(table, select.POLLPRI)
+            result: list[int] = []
+
+            def run() -> None:
+                ok = _libc.umount2(os.fsencode(mountpoint), 0) == 0
+                result.append(0 if ok else ctypes.get_errno())
+
+            thread = threading.Thread(target=run, name="overlay-unmount", daemon=True)
+            thread.start()
+            while thread.is_alive():
+                if watch.poll(_UNMOUNT_LOOK_MS) and fstype_of(mountpoint) != "overlay":
+                    return Unmounting(self.merged, thread, result)  # gone from the table
+            return Unmounting(self.merged, thread, result).finish()
+        finally:
+            os.close(table)
 
     def empty_work(self) -> None:
         """Empties WORK (overlayfs leaves a ``work`` directory with mode 000 in it)."""
@@ -110,6 +150,33 @@ class Overlay:
                 shutil.rmtree(path)
             else:
                 os.unlink(path)
+
+
+class Unmounting:
+    """An unmount of MERGED that has taken it out of the mount table (or failed, or had
+    nothing to do), the kernel perhaps still tearing the overlay down; see
+    :meth:`Overlay.start_unmount`."""
+
+    def __init__(self, merged: str, thread: threading.Thread | None, result: list[int]) -> None:
+        self.merged = merged
+        self._thread = thread
+        self._result = result
+
+    def finish(self) -> Unmounting:
+        """Waits for the unmount to end; returns self.
+
+        Raises:
+            OverlayError: it failed (MERGED busy, or another error).
+        """
+        if self._thread is None:
+            return self
+        self._thread.join()
+        e = self._result[0] if self._result else errno.EIO
+        if e == errno.EBUSY:
+            raise OverlayError(f"{self.merged} is busy: a process still uses it")
+        if e != 0:
+            raise OverlayError(f"cannot unmount {self.merged}: {os.strerror(e)}")
+        return self
 
 
 def _inside(path: str, parent: str) -> bool:
