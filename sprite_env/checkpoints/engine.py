@@ -26,6 +26,7 @@ import stat
 import time
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -549,6 +550,16 @@ class Engine:
         live, sink = self._capture_live()
         return Preview(cid, self._compare(sink.read, target.top_tree, live.top_tree, base_image))
 
+    def compare_tops(
+        self, old: ObjectId, new: ObjectId, *, base_image: str | None = None
+    ) -> list[Counted]:
+        """:meth:`diff` of two top trees in the store (a checkpoint's, or a live side a
+        check stored: ``check_restore``'s ``beside``). Safe beside a job's check: it reads
+        the store only, and none of the memo the check fills."""
+        if base_image is None:
+            return list(count_changes(self.store.read, old, new))
+        return self._compare_merged(self.store.read, old, new, base_image, {})
+
     def _compare(
         self,
         read_tree: Callable[[ObjectId], bytes],
@@ -563,7 +574,16 @@ class Engine:
         # were 65 of the 101 samples of an overlay undo's count of the medium step (py-spy,
         # 2,200 trees, a catalog lookup and a pack pin each). Those a restore's check just
         # read are taken from its memo (a copy: a preview may run beside a job).
-        memo: TreeMemo = dict(self._trees)
+        return self._compare_merged(read_tree, old, new, base_image, dict(self._trees))
+
+    def _compare_merged(
+        self,
+        read_tree: Callable[[ObjectId], bytes],
+        old: ObjectId,
+        new: ObjectId,
+        base_image: str,
+        memo: TreeMemo,
+    ) -> list[Counted]:
         if read_tree == self.store.read:
             prefetch_trees(self.store.read_many, old, new, memo)
         merged = MergedTrees(read_tree, base_image, memo)
@@ -665,7 +685,13 @@ class Engine:
             with self.store.catalog.transaction() as db:
                 registry.set_meta(db, "active", cid)
 
-    def check_restore(self, cid: str, progress: Progress | None = None) -> bool:
+    def check_restore(
+        self,
+        cid: str,
+        progress: Progress | None = None,
+        *,
+        beside: Callable[[ObjectId], object] | None = None,
+    ) -> bool:
         """Checks, changing nothing on the layer nor in the checkpoints, that
         ``restore(cid)`` can be done now: room on the layer's file system, and every object
         it will read present and intact (those are remembered, so the restore that follows
@@ -677,6 +703,12 @@ class Engine:
         follows read only what changed after it (a host takes its environment down in
         between). The diff with the target skips equal subtrees, so the check, like the
         restore, costs in proportion to the difference (issue 11, point 6).
+
+        ``beside``: called with the live side's top tree, on a thread of its own, while the
+        plan and the verifying run (the verifying's threads wait for reads and
+        decompression, with the interpreter free); the check returns once it returned, and
+        what it raises is the caller's (a host counts there what its restore will report:
+        :meth:`compare_tops`).
 
         Returns:
             False when the layer already equals ``cid`` (the restore would change nothing).
@@ -696,7 +728,13 @@ class Engine:
         live, _ = self._store_live(progress, trees_out=seen)
         if live.top_tree == target.top_tree:
             return False
-        self._preflight(cid, target.top_tree, live.top_tree, self.store.read, seen=seen)
+        if beside is None:
+            self._preflight(cid, target.top_tree, live.top_tree, self.store.read, seen=seen)
+            return True
+        with ThreadPoolExecutor(1, thread_name_prefix="check-beside") as pool:
+            done = pool.submit(beside, live.top_tree)
+            self._preflight(cid, target.top_tree, live.top_tree, self.store.read, seen=seen)
+            done.result()
         return True
 
     def _forget_checks(self) -> None:

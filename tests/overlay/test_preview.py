@@ -96,3 +96,47 @@ def test_a_copy_up_with_the_base_bytes_is_metadata_not_content(overlay_daemon: A
     r = run_cli("checkpoints", "diff", "v0", "v1", env=d.env())
     assert "m etc/hosts" in r.stdout.splitlines()
     assert "M usr/lib/pkg/m0.py" in r.stdout.splitlines()
+
+
+def test_a_restore_counts_what_changed_after_its_check(overlay_daemon: Any) -> None:
+    """The counts a restore reports are counted beside its check; when the layer changed
+    after the check (here a session writes as it is ended), they are counted again against
+    the undo checkpoint, and are what an offline diff of the two checkpoints counts."""
+    import signal
+    import subprocess
+
+    from sprite_env.checkpoints import Engine
+
+    d, o = overlay_daemon, overlay_daemon.overlay
+    srv = os.path.join(o.merged, "srv")
+    os.makedirs(srv)
+    d.create("base")
+    write_file(os.path.join(o.merged, "app", "main.py"), b"print('v1')\n")
+    os.unlink(os.path.join(o.merged, "etc", "hosts"))
+    # A session that writes into MERGED when the restore ends it, after the check.
+    session = subprocess.Popen(
+        ["sh", "-c", "trap 'echo bye > last-words; exit 0' TERM; echo up > ready; "
+         "while :; do sleep 0.05; done"],
+        cwd=srv,
+    )  # fmt: skip
+    try:
+        while not os.path.exists(os.path.join(srv, "ready")):
+            session.poll()
+            assert session.returncode is None
+        status, evs = d.stream("POST", "/v1/checkpoints/v0/restore")
+    finally:
+        if session.poll() is None:
+            session.send_signal(signal.SIGKILL)
+        session.wait()
+    assert status == 202
+    assert evs[-1]["type"] == "complete", evs
+    stats, undo = evs[-1]["stats"], evs[-1]["undo"]
+    assert not os.path.exists(os.path.join(srv, "last-words"))  # v0 had none
+    assert d.stop() == 0
+    with Engine(o.upper, os.path.join(d.state, "store"), create=False) as e:
+        # the session's last words are in the undo checkpoint: the check did not see them
+        assert b"srv/last-words" in {c.difference.path for c in e.diff("v0", undo)}
+        counts = plan.counts(e.diff("v0", undo, base_image=o.lower))
+    reported = {k: stats[f] for k, f in ((a.value, f) for a, f in plan.STATS_FIELD.items())}
+    assert reported == counts
+    assert counts["delete"] >= 4  # app/, app/main.py, srv/ready, srv/last-words

@@ -223,6 +223,50 @@ def test_undo_after_the_layer_changed_since_its_check(tmp_path: os.PathLike[str]
         assert verify_store(e.store, read_data=True).ok
 
 
+def test_the_check_runs_work_beside_it_on_its_live_side(tmp_path: os.PathLike[str]) -> None:
+    """``check_restore(beside=...)``: called once, on a thread of its own, with the top tree
+    the check stored of the live layer (the one the undo checkpoint then has, when nothing
+    changed meanwhile); what it counts with ``compare_tops`` is what a diff of the target
+    and the undo checkpoint counts; what it raises, the check raises; a layer already at
+    the target calls nothing."""
+    import threading
+
+    from sprite_env.snapshot import plan
+
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    _layer(root)
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        e.create("c0")
+        _step(root)
+        calls: list[tuple[ObjectId, str]] = []
+        counted: list[dict[str, int]] = []
+        target = e.info("v0").top_tree
+
+        def beside(live_top: ObjectId) -> None:
+            calls.append((live_top, threading.current_thread().name))
+            counted.append(plan.counts(e.compare_tops(target, live_top)))
+
+        assert e.check_restore("v0", beside=beside)
+        [(live_top, thread)] = calls
+        assert thread.startswith("check-beside")
+        rep = e.restore("v0")
+        assert rep.undo is not None
+        assert e.info(rep.undo).top_tree == live_top
+        assert counted == [plan.counts(e.diff("v0", rep.undo))]
+        assert counted[0]["delete"] == 4 * 45 + 4 + 1  # the package: files, dirs, link
+        calls.clear()
+        assert not e.check_restore("v0", beside=beside)  # the layer is v0: nothing to do
+        assert calls == []
+
+        def fails(live_top: ObjectId) -> None:
+            raise ValueError("beside failed")
+
+        with open(os.path.join(root, "src", "c.py"), "w") as f:
+            f.write("c\n")
+        with pytest.raises(ValueError, match="beside failed"):
+            e.check_restore("v0", beside=fails)
+
+
 def test_removed_directories_are_emptied_exactly(tmp_path: os.PathLike[str]) -> None:
     """A removed tree bigger than the unlinkers' batches (180 files in 4 directories, a
     symlink in it) goes; what the capture excludes inside it stays, with its directory."""
