@@ -996,7 +996,7 @@ async def run(
             lease: Lease | None = None
             try:
                 supervisor = Supervisor(config.env_root, os.path.join(state, "services"))
-                env = Environment(supervisor, config.overlay)
+                env = Environment(supervisor, config.overlay, journal)
                 activity = ActivityLog(os.path.join(state, "activity.jsonl"))
                 daemon = Daemon(config, engine, activity, env)
                 daemon.lock_fd = lock_fd

@@ -4,8 +4,10 @@ restore, and is waited for (``Unmounting.finish``) before MERGED is mounted agai
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+from typing import TYPE_CHECKING
 
 import pytest
 import trio
@@ -15,6 +17,9 @@ from sprite_env.overlay import Overlay, OverlayError
 from sprite_env.overlay.mount import Unmounting
 
 from .test_flush import _Job, _Supervisor
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 def _files_through(overlay: Overlay, n: int) -> None:
@@ -106,3 +111,40 @@ def test_the_teardown_is_waited_for_after_the_block_and_before_the_mount(
     assert overlay.is_mounted()
     assert os.path.exists(os.path.join(overlay.merged, "restored"))
     assert len(os.listdir(os.path.join(overlay.merged, "d"))) == 500
+
+
+class _QuietJournal:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        self.log.append("journal quiet")
+        try:
+            yield
+        finally:
+            self.log.append("journal reads again")
+
+
+def test_the_journal_is_quiet_until_the_services_run_again(overlay: Overlay) -> None:
+    """The restore's events are read once the services have started, not while they start
+    (their decoding would hold the interpreter the start needs)."""
+    overlay.mount()
+    log: list[str] = []
+    env = Environment(_Supervisor(log), overlay, _QuietJournal(log))  # type: ignore[arg-type]
+
+    async def restore() -> None:
+        async with env.down(_Job(log)):  # type: ignore[arg-type]
+            log.append("restored")
+
+    trio.run(restore)
+    assert log == [
+        "Stopping services...",
+        "journal quiet",
+        "services stopped",
+        "Restoring filesystem...",
+        "restored",
+        "services started",
+        "Services started",
+        "journal reads again",
+    ]
