@@ -773,27 +773,16 @@ class Engine:
             # same plan (1 s of an undo's downtime on the medium layer); only the room is
             # looked at again, and its objects were verified by the check.
             needs = checked[2]
-            preflight.check_space(self.root, needs, what=f"restoring {cid}")
-            needs.objects = {o: p for o, p in needs.objects.items() if o not in self._verified}
-            preflight.verify_objects(
-                read_verified, needs, cid, keep=self._kept, read_many=read_many_verified
+        else:
+            # both sides in the store (a resume's live side is hash-only: not there)
+            read_many: Callable[[list[ObjectId]], list[bytes]] | None = (
+                self.store.read_many if read_tree == self.store.read else None
             )
-            return
-        # both sides in the store (a resume's live side is hash-only: not there)
-        read_many: Callable[[list[ObjectId]], list[bytes]] | None = (
-            self.store.read_many if read_tree == self.store.read else None
-        )
-        if seen:
-            read_tree, read_many = _reading_first(seen, read_tree, read_many)
-        needs = preflight.RestoreNeeds()
-        # the objects are verified while the plan goes on (``preflight.Verifier``); a
-        # damaged one is reported once the plan and the room were found good, as before
-        with preflight.Verifier(
-            read_verified, read_many_verified, needs, cid, self._kept, skip=self._verified
-        ) as verifier:
+            if seen:
+                read_tree, read_many = _reading_first(seen, read_tree, read_many)
             try:
                 block = os.statvfs(self.root).f_frsize or 4096
-                preflight.plan_needs(
+                needs = preflight.plan_needs(
                     read_tree,
                     read_verified,
                     live_top,
@@ -802,15 +791,15 @@ class Engine:
                     patch_min=PATCH_MIN,
                     memo=self._trees,
                     read_many=read_many,
-                    needs=needs,
-                    verify=verifier,
                 )
             except SpriteError as e:  # a damaged tree or chunk list of the target
                 raise preflight.CheckpointDamaged(cid, b".", e) from None
             self._checked = (live_top, target_top, needs)
-            preflight.check_space(self.root, needs, what=f"restoring {cid}")
-            verifier.finish()
+        preflight.check_space(self.root, needs, what=f"restoring {cid}")
         needs.objects = {o: p for o, p in needs.objects.items() if o not in self._verified}
+        preflight.verify_objects(
+            read_verified, needs, cid, keep=self._kept, read_many=read_many_verified
+        )
 
     def reset(self, *, created_by: str = "user", progress: Progress | None = None) -> RestoreReport:
         """Empties the layer (back to the base image below it), keeping every checkpoint;

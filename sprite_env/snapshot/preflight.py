@@ -24,7 +24,7 @@ then records the failure in the restore's intent and the daemon keeps serving (s
 from __future__ import annotations
 
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -44,7 +44,6 @@ from sprite_env.snapshot.tree import Kind, Piece, TreeEntry, decode_chunks
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from collections.abc import Set as AbstractSet
 
     from sprite_env.snapshot.patch import Prefetched
 
@@ -100,8 +99,6 @@ def plan_needs(
     patch_min: int,
     memo: TreeMemo | None = None,
     read_many: Callable[[list[ObjectId]], list[bytes]] | None = None,
-    needs: RestoreNeeds | None = None,
-    verify: Verifier | None = None,
 ) -> RestoreNeeds:
     """Walks the restore's diff (live -> target) and adds up what it will write and read.
 
@@ -114,18 +111,8 @@ def plan_needs(
         patch_min: files at least this big are patched in place (``restore.PATCH_MIN``).
         memo: trees decoded, kept for the restore that follows (``diff.TreeMemo``).
         read_many: reads many trees of both sides at once (``diff.prefetch_trees``).
-        needs: filled in place (a new one if None), and returned.
-        verify: given the objects each difference adds, once its slices are known, to
-            verify while the walk goes on (see :class:`Verifier`).
     """
-    if needs is None:
-        needs = RestoreNeeds()
-    fresh: list[ObjectId] = []
-
-    def need(oid: ObjectId, path: bytes) -> None:
-        if oid not in needs.objects:
-            needs.objects[oid] = path
-            fresh.append(oid)
+    needs = RestoreNeeds()
 
     def pieces(e: TreeEntry) -> list[Piece]:
         return decode_chunks(read_object(ObjectId(e.payload)) if e.indirect else e.payload)
@@ -136,7 +123,7 @@ def plan_needs(
             return
         for oid, _off, _n in pieces(e):
             if oid is not None:
-                need(oid, path)
+                needs.objects.setdefault(oid, path)
         needs.data_bytes += -(-e.size // block) * block
 
     def whole_tree(path: bytes, tree: ObjectId) -> None:
@@ -175,7 +162,7 @@ def plan_needs(
             if plan is not None:  # the restore's own plan: exactly the pieces it reads
                 for _at, (oid, off, n) in plan:
                     assert oid is not None
-                    need(oid, d.path)
+                    needs.objects.setdefault(oid, d.path)
                     needs.slices.setdefault(oid, []).append((off, n))
                 needs.data_bytes += max(0, -(-(new.size - old.size) // block) * block)
             else:  # written whole (a hole where data was, too)
@@ -190,9 +177,6 @@ def plan_needs(
         prefetch_trees(read_many, live_top, target_top, memo)
     for d in diff_trees(read_tree, live_top, target_top, memo):
         one(d)
-        if fresh and verify is not None:
-            verify.add([(oid, needs.objects[oid]) for oid in fresh])
-        fresh.clear()
     return needs
 
 
@@ -231,110 +215,6 @@ def check_space(root: str | bytes, needs: RestoreNeeds, *, what: str) -> None:
             f"{what} creates {needs.entries} entries and the layer's file system has "
             f"{st.f_favail} free inodes; nothing was changed (free some, then try again)"
         )
-
-
-class Verifier:
-    """:func:`verify_objects` started while the plan still walks: ``plan_needs(verify=)``
-    hands over the objects of each difference as soon as it has planned it, and they are
-    read, hashed and kept on the pool's threads (zstd and BLAKE3 release the GIL) while
-    the plan, which holds it, goes on. One after the other, the medium step's undo planned
-    for 0.19-0.29 s and then verified 3.3k objects (135 MB: its database's chunks) for
-    0.25-0.31 s.
-
-    What a later difference adds to an object handed over already (another patched file's
-    slices of the same chunk) is kept by :meth:`finish`, which reads it again. Objects in
-    ``skip`` (verified before) are not read. Use as a context manager: leaving it
-    cancels what was not started.
-    """
-
-    def __init__(
-        self,
-        read_object: Callable[[ObjectId], bytes],
-        read_many: Callable[[list[ObjectId]], list[bytes]] | None,
-        needs: RestoreNeeds,
-        checkpoint: str | None,
-        keep: Prefetched | None = None,
-        skip: AbstractSet[ObjectId] = frozenset(),
-    ) -> None:
-        self._read_object = read_object
-        self._read_many = read_many
-        self._needs = needs
-        self._checkpoint = checkpoint
-        self._keep = keep
-        self._skip = skip
-        self._batch: list[tuple[ObjectId, bytes]] = []
-        self._futures: list[Future[tuple[bytes, SpriteError] | None]] = []
-        #: slices kept of each object handed over, as many as the plan had then
-        self._kept_slices: dict[ObjectId, int] = {}
-        self._pool = ThreadPoolExecutor(VERIFY_THREADS, thread_name_prefix="restore-verify")
-
-    def __enter__(self) -> Verifier:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
-    def add(self, items: list[tuple[ObjectId, bytes]]) -> None:
-        """Objects to verify (with the path needing each); their slices are planned."""
-        self._batch += [it for it in items if it[0] not in self._skip]
-        while len(self._batch) >= VERIFY_BATCH:
-            self._submit(self._batch[:VERIFY_BATCH])
-            self._batch = self._batch[VERIFY_BATCH:]
-
-    def finish(self) -> None:
-        """Verifies the rest and waits for all; raises :class:`CheckpointDamaged` for the
-        first damaged or missing object, in the plan's order."""
-        if self._batch:
-            self._submit(self._batch)
-            self._batch = []
-        for fut in self._futures:
-            bad = fut.result()
-            if bad is not None:
-                raise CheckpointDamaged(self._checkpoint, bad[0], bad[1])
-        slices = self._needs.slices
-        late = [
-            (oid, self._needs.objects[oid])
-            for oid, n in self._kept_slices.items()
-            if len(slices.get(oid, ())) > n
-        ]
-        if late and self._keep is not None:
-            # kept again with every slice (its own are kept once: ``Prefetched.keep``)
-            self._kept_slices = {}
-            self._futures = [self._pool.submit(self._verify, late)]
-            bad = self._futures[0].result()
-            if bad is not None:
-                raise CheckpointDamaged(self._checkpoint, bad[0], bad[1])
-
-    def _submit(self, batch: list[tuple[ObjectId, bytes]]) -> None:
-        self._futures.append(self._pool.submit(self._verify, batch))
-
-    def _one(self, item: tuple[ObjectId, bytes]) -> tuple[bytes, SpriteError] | None:
-        try:
-            data = self._read_object(item[0])
-        except SpriteError as e:
-            return item[1], e
-        self._keep_one(item[0], data)
-        return None
-
-    def _keep_one(self, oid: ObjectId, data: bytes) -> None:
-        if self._keep is None:
-            return
-        slices = self._needs.slices.get(oid)
-        if slices is not None:
-            slices = list(slices)  # as planned now: the plan may add to it meanwhile
-        self._kept_slices[oid] = len(slices) if slices is not None else 0
-        self._keep.keep(oid, data, slices)
-
-    def _verify(self, batch: list[tuple[ObjectId, bytes]]) -> tuple[bytes, SpriteError] | None:
-        if self._read_many is None:
-            return next((bad for bad in map(self._one, batch) if bad is not None), None)
-        try:
-            datas = self._read_many([oid for oid, _path in batch])
-        except SpriteError:  # read again one by one, to name the damaged one
-            return next((bad for bad in map(self._one, batch) if bad is not None), None)
-        for (oid, _path), data in zip(batch, datas, strict=True):
-            self._keep_one(oid, data)
-        return None
 
 
 def verify_objects(
