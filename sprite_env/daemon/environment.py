@@ -124,8 +124,9 @@ class Environment:
         job.info("Stopping services...")
         # The journal reads none of the restore's events until the services run again:
         # read as soon as the restore was committed (``Journal.quiet`` in the engine), the
-        # medium undo's ~1,100 directories' events held the interpreter while the services
-        # were started (their start: 80-87 ms, against 2 ms for the mount before it).
+        # medium undo's ~1,100 directories' events would be decoded while the services'
+        # processes are spawned (that start took 80-87 ms in two rounds against 2 ms for
+        # the mount before it; 10-145 ms in three rounds after this: within the noise).
         quiet = self.journal.quiet() if self.journal is not None else contextlib.nullcontext()
         with quiet:
             try:
