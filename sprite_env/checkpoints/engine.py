@@ -556,9 +556,7 @@ class Engine:
         """:meth:`diff` of two top trees in the store (a checkpoint's, or a live side a
         check stored: ``check_restore``'s ``beside``). Safe beside a job's check: it reads
         the store only, and none of the memo the check fills."""
-        if base_image is None:
-            return list(count_changes(self.store.read, old, new))
-        return self._compare_merged(self.store.read, old, new, base_image, {})
+        return self._compare(self.store.read, old, new, base_image, memo={})
 
     def _compare(
         self,
@@ -566,7 +564,10 @@ class Engine:
         old: ObjectId,
         new: ObjectId,
         base_image: str | None,
+        *,
+        memo: TreeMemo | None = None,
     ) -> list[Counted]:
+        """``memo``: the merged diff's trees; None: a copy of the check's (``_trees``)."""
         if base_image is None:
             return list(count_changes(read_tree, old, new))
         # UPPER's trees where the two differ, read ahead one level at a time (one
@@ -574,16 +575,8 @@ class Engine:
         # were 65 of the 101 samples of an overlay undo's count of the medium step (py-spy,
         # 2,200 trees, a catalog lookup and a pack pin each). Those a restore's check just
         # read are taken from its memo (a copy: a preview may run beside a job).
-        return self._compare_merged(read_tree, old, new, base_image, dict(self._trees))
-
-    def _compare_merged(
-        self,
-        read_tree: Callable[[ObjectId], bytes],
-        old: ObjectId,
-        new: ObjectId,
-        base_image: str,
-        memo: TreeMemo,
-    ) -> list[Counted]:
+        if memo is None:
+            memo = dict(self._trees)
         if read_tree == self.store.read:
             prefetch_trees(self.store.read_many, old, new, memo)
         merged = MergedTrees(read_tree, base_image, memo)

@@ -112,6 +112,15 @@ class Environment:
                 log.error("processes survived SIGKILL: %s", report.survivors)
         return await trio.to_thread.run_sync(self.overlay.start_unmount)
 
+    async def settle(self, unmounting: Unmounting | None) -> None:
+        """After UPPER was replaced (overlay only): waits for the overlay's teardown that
+        ``take_down`` left running and empties WORK, so that MERGED can be mounted again."""
+        if self.overlay is None:
+            return
+        if unmounting is not None:
+            await trio.to_thread.run_sync(unmounting.finish)
+        await trio.to_thread.run_sync(self.overlay.empty_work)
+
     @asynccontextmanager
     async def down(self, job: Job) -> AsyncIterator[None]:
         """Holds the environment down for the block (a restore or reset), then brings it
@@ -138,11 +147,8 @@ class Environment:
                         # core: 0.39 s of the medium step's downtime when it was waited for
                         yield
                     finally:
-                        if self.overlay is not None:
-                            with trio.CancelScope(shield=True):
-                                if unmounting is not None:
-                                    await trio.to_thread.run_sync(unmounting.finish)
-                                await trio.to_thread.run_sync(self.overlay.empty_work)
+                        with trio.CancelScope(shield=True):
+                            await self.settle(unmounting)
             finally:
                 with trio.CancelScope(shield=True):
                     await self.up(job)

@@ -306,17 +306,13 @@ class Daemon:
         return self.config.overlay.lower if self.config.overlay else None
 
     def _merged_stats(
-        self, cid: str, undo: str, counted: Mapping[ObjectId, dict[str, int]]
+        self, target_top: ObjectId, live_top: ObjectId, counted: Mapping[ObjectId, dict[str, int]]
     ) -> dict[str, int]:
         """An overlay restore's counters as its preview counted them: in MERGED's entries
-        (from ``cid`` to the state it replaced, ``undo``), not UPPER's whiteouts; taken
-        from ``counted`` (by the live side's top tree) where the check counted them."""
-        undo_top = self.engine.info(undo).top_tree
-        if undo_top in counted:
-            return counted[undo_top]
-        return self._merged_stats_of(self.engine.info(cid).top_tree, undo_top)
-
-    def _merged_stats_of(self, target_top: ObjectId, live_top: ObjectId) -> dict[str, int]:
+        (from the target's top tree to the state it replaced, ``live_top``), not UPPER's
+        whiteouts; taken from ``counted`` (by live top tree) where the check counted them."""
+        if live_top in counted:
+            return counted[live_top]
         changes = self.engine.compare_tops(target_top, live_top, base_image=self._base_image())
         return plan.as_stats(plan.counts(changes))
 
@@ -445,7 +441,7 @@ class Daemon:
 
                 def beside(live_top: ObjectId) -> None:
                     try:
-                        counted[live_top] = self._merged_stats_of(target_top, live_top)
+                        counted[live_top] = self._merged_stats(target_top, live_top, {})
                     except (SpriteError, OSError) as e:  # counted after the restore instead
                         log.warning("counting the restore's changes: %s", e)
 
@@ -479,7 +475,12 @@ class Daemon:
                         )
                     )
                     if self.config.overlay is not None and rep.undo is not None:
-                        counting = counter.submit(self._merged_stats, cid, rep.undo, counted)
+                        undo = rep.undo
+                        counting = counter.submit(
+                            lambda: self._merged_stats(
+                                target_top, self.engine.info(undo).top_tree, counted
+                            )
+                        )
                 merged = await trio.to_thread.run_sync(counting.result) if counting else {}
             finally:
                 counter.shutdown(wait=False)
@@ -1117,10 +1118,7 @@ async def _finish_interrupted(daemon: Daemon) -> None:
             daemon.activity.record("restore", e.target, "daemon", False, str(e))
             rep = None
         finally:
-            if unmounting is not None:
-                await trio.to_thread.run_sync(unmounting.finish)
-            if daemon.env.overlay is not None:
-                await trio.to_thread.run_sync(daemon.env.overlay.empty_work)
+            await daemon.env.settle(unmounting)
         if rep is not None:
             daemon.activity.record("restore", rep.id, "daemon", True, "finished after a crash")
     else:
