@@ -102,6 +102,28 @@ def _why_silent(d: subprocess.Popen[bytes], log: Any) -> str:
         check=False,
     )
     facts.append(f"its children:\n{ps.stdout.strip()}")
+    # A runnable daemon that made no progress in 60 s (the a55db09 run: state R, in the
+    # compiler): did it get the CPU? schedstat is "run time, wait for a CPU (ns), slices";
+    # then the machine's load and who held the two cores.
+    for name in ("schedstat", "sched"):
+        try:
+            with open(f"/proc/{d.pid}/{name}") as f:
+                text = f.read()
+        except OSError as e:
+            text = str(e)
+        if name == "sched":
+            keep = ("se.sum_exec_runtime", "se.statistics.wait_sum", "nr_switches", "nr_invol")
+            text = "".join(x for x in text.splitlines(True) if x.startswith(keep))
+        facts.append(f"/proc/{d.pid}/{name}: {text.strip()}")
+    with open("/proc/loadavg") as f:
+        facts.append(f"/proc/loadavg: {f.read().strip()}")
+    top = subprocess.run(
+        ["ps", "-eo", "pid,ppid,stat,pcpu,etime,args", "--sort=-pcpu"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    facts.append("the busiest processes:\n" + "\n".join(x[:160] for x in top.stdout.splitlines()[:15]))
     if d.poll() is None:
         d.send_signal(signal.SIGABRT)
         with contextlib.suppress(subprocess.TimeoutExpired):
