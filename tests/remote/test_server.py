@@ -14,7 +14,7 @@ from sprite_env.checkpoints import Engine
 from sprite_env.store.remote import generations, pull, push
 from sprite_env.store.s3 import RemoteError, S3Storage, StoreUrl
 from tests.helpers import trees
-from tests.remote.conftest import SCRIPT, Server, use_server
+from tests.remote.conftest import SCRIPT, Server
 
 
 def test_a_second_start_only_prints_the_same_assignments(s3_server: Server) -> None:
@@ -44,37 +44,38 @@ def test_bad_usage(tmp_path) -> None:
 
 
 def test_a_stopped_server_fails_a_push_that_resumes_when_it_is_back(
-    tmp_path, monkeypatch: pytest.MonkeyPatch
+    s3_server: Server, s3_env: dict[str, str], tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The server stops between two checkpoints: the push fails with a clear error within
     its retry bound, nothing is committed, and after a restart (its data kept) the next
-    push completes and a fresh machine gets both checkpoints."""
-    server = Server(str(tmp_path / "server"))
-    server.start()
-    try:
-        use_server(server, monkeypatch)
-        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
-        storage = S3Storage(StoreUrl(f"test-{uuid.uuid4().hex[:12]}", "s/"))
-        storage.create_bucket()
-        root, store_dir = str(tmp_path / "layer"), str(tmp_path / "store")
-        trees.build_tree(root, trees.sample_spec())
-        with Engine(root, store_dir) as e:
-            e.create("v0")
-            push(e.store, storage)
-            with open(os.path.join(root, "new"), "wb") as f:
-                f.write(os.urandom(100_000))
-            e.create("v1")
-            server.stop()
+    push completes and a fresh machine gets both checkpoints.
+
+    The server stopped and started is this worker's session server (a restart reuses its
+    rings and data: one start, not the two of a private server; the tests of one xdist
+    worker run one after another, so none uses it meanwhile). It is started again
+    whatever happens."""
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    storage = S3Storage(StoreUrl(f"test-{uuid.uuid4().hex[:12]}", "s/"))
+    storage.create_bucket()
+    root, store_dir = str(tmp_path / "layer"), str(tmp_path / "store")
+    trees.build_tree(root, trees.sample_spec())
+    with Engine(root, store_dir) as e:
+        e.create("v0")
+        push(e.store, storage)
+        with open(os.path.join(root, "new"), "wb") as f:
+            f.write(os.urandom(100_000))
+        e.create("v1")
+        s3_server.stop()
+        try:
             t0 = time.monotonic()
             with pytest.raises(RemoteError, match=r"failed: .*(Connect|connect)"):
                 push(e.store, storage)
             assert time.monotonic() - t0 < 15  # 2 attempts, backoff with jitter
-            server.start()
-            assert [g.number for g in generations(storage)] == [0]
-            assert push(e.store, storage).generation.number == 1
-        pulled = str(tmp_path / "pulled")
-        pull(storage, pulled)
-        with Engine(str(tmp_path / "b"), pulled, create=False) as e:
-            assert sorted(c.id for c in e.checkpoints()) == ["v0", "v1"]
-    finally:
-        server.stop()
+        finally:
+            s3_server.start()
+        assert [g.number for g in generations(storage)] == [0]
+        assert push(e.store, storage).generation.number == 1
+    pulled = str(tmp_path / "pulled")
+    pull(storage, pulled)
+    with Engine(str(tmp_path / "b"), pulled, create=False) as e:
+        assert sorted(c.id for c in e.checkpoints()) == ["v0", "v1"]
