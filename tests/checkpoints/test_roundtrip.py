@@ -131,7 +131,7 @@ def test_real_tree_round_trips(engine: Engine, root: str, tmp_path: os.PathLike[
     Without the interpreter's own site-packages and its test suite (on this machine 685 MB
     and 123 MB of the stdlib directory's 941 MB: 73 s of this test at load 8), its static
     library (one 46 MB archive), the venv's byte code (the stdlib's has that kind) and its
-    five files over 4 MB (81 MB of .so): 180 MB and 10k entries left, of every kind the rest
+    five files over 4 MB (81 MB of .so): 180 MB and 12k entries left, of every kind the rest
     has. Here each file created costs 0.3-0.6 ms of the kernel's time (ext4), so the
     copies, not the engine, were most of this test's 20-36 s."""
     stdlib = sysconfig.get_paths()["stdlib"]
