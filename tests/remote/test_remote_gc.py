@@ -21,7 +21,7 @@ from sprite_env.store.remote import (
     push,
     writer_id,
 )
-from sprite_env.store.remote_gc import GcPolicy, collect, plan
+from sprite_env.store.remote_gc import GcPlan, GcPolicy, collect, plan
 from tests.helpers import trees
 from tests.helpers.daemon import write_file
 
@@ -30,9 +30,22 @@ if TYPE_CHECKING:
     from sprite_env.store.s3 import S3Storage
 
 #: Ages come from the server's Date header, in whole seconds, against the objects'
-#: LastModified: 1.3 s past the grace failed once in a loaded CI run, so 2.5 s.
+#: LastModified: :func:`_past_grace` asks the server rather than sleeping a margin.
 GRACE = 1.5
-PAST_GRACE = GRACE + 2.5
+
+
+def _past_grace(storage: S3Storage, policy: GcPolicy, timeout: float = 30.0) -> GcPlan:
+    """Waits until a dry run of ``policy`` spares nothing for the grace alone (its
+    ``due_in`` is None: every superseded generation and unnamed pack is past it, by the
+    server's clock), and returns that plan. Polled: a fixed sleep of the grace plus a
+    2.5 s margin for whole-second clocks and load (4 s) was most of these tests' time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        p = plan(storage, policy)
+        if p.due_in is None:
+            return p
+        assert time.monotonic() < deadline, p
+        time.sleep(min(max(p.due_in, 0.1), 1.0))
 
 
 def _named(storage: S3Storage, gen: Generation, tmp_path, tag: str) -> set[str]:
@@ -84,8 +97,7 @@ def test_a_delete_frees_remote_space_after_the_grace(storage: S3Storage, tmp_pat
     with open_store(reader, writable=False) as s:
         assert check(s, read_data=True).ok
 
-    time.sleep(PAST_GRACE)
-    dry = plan(storage, policy)
+    dry = _past_grace(storage, policy)
     assert [g.name for g in dry.generations] == [old.name]
     assert set(dry.packs) == dropped | {orphan}
     report = collect(storage, wid, policy)
@@ -130,7 +142,7 @@ def test_each_writer_keeps_its_newest_generations(storage: S3Storage, tmp_path) 
         wa = writer_id(a.store)
     assert len(generations(storage)) == 6
     h = heads(storage)
-    time.sleep(PAST_GRACE)
+    _past_grace(storage, policy)
     report = collect(storage, wa, policy)
     assert report.generations == 4
     assert sorted(generations(storage)) == sorted(h.values())
@@ -167,7 +179,7 @@ def test_a_damaged_or_incomplete_newest_keeps_the_complete_one(
     incomplete = Generation(good.number + 2, wid, _file_b3(early))
     storage.put_file(incomplete.name, early)
     packs = storage.list("packs/")
-    time.sleep(PAST_GRACE)
+    _past_grace(storage, policy)
     report = collect(storage, wid, policy)
     assert report.generations == 1  # the damaged one
     assert sorted(g.name for g in generations(storage)) == sorted([good.name, incomplete.name])
