@@ -105,7 +105,12 @@ def test_a_stale_lock_is_taken_over(storage: S3Storage) -> None:
     dead = Lease.acquire(storage, "d" * 12, policy)  # never renewed nor released: "killed"
     with pytest.raises(LeaseHeld, match="writer dddddddddddd"):
         Lease.acquire(storage, "e" * 12, policy)
-    time.sleep(3.0)
+    # Until the dead lock is stale by the server's clock (what acquire reads): polled,
+    # not slept for to a bound with a margin (3 s before).
+    deadline = time.monotonic() + 30
+    while holders(storage, policy):
+        assert time.monotonic() < deadline, holders(storage, policy)
+        time.sleep(0.1)
     taken = Lease.acquire(storage, "e" * 12, policy)
     assert _locks(storage) == [taken.key]  # the stale one removed
     assert dead.key not in _locks(storage)
@@ -125,7 +130,9 @@ def test_a_leftover_of_this_writer_is_removed_and_renewal_replaces_the_lock(
         assert _locks(storage) == [lease.key]
         first = lease.key
         lease.keep_renewed()
-        time.sleep(1.0)
+        deadline = time.monotonic() + 10
+        while lease.key == first and time.monotonic() < deadline:  # renewed (every 0.3 s)
+            time.sleep(0.05)
         assert lease.key != first
         # A renewal writes the new lock before it deletes the old one: between the two
         # (three requests) a listing sees both; once it is done, one alone.
