@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from sprite_env.client import DEFAULT_SOCKET, ApiError, Client, DaemonUnavailable
+from sprite_env import statelock
+from sprite_env.client import (
+    DEFAULT_SOCKET,
+    NO_DAEMON_GRACE,
+    ApiError,
+    Client,
+    DaemonUnavailable,
+)
 from sprite_env.errors import UserError
 from tests.helpers.canned_http import Canned, CannedServer
 
@@ -176,6 +183,48 @@ def test_waits_for_a_daemon_that_comes_up(sock_path: str, holder: Any) -> None:
         for s in servers:
             s.__exit__(None, None, None)
     assert len(said) == 1
+
+
+def test_a_daemon_that_looked_absent_once_is_waited_for(
+    sock_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No lock yet, and the first look at /proc finds no starting daemon (as right after
+    its spawn), the next ones find it: the client waits for it past the grace for "none
+    runs" (the grace was kept from the first look: it gave up after 0.8 s, saying it had
+    waited the whole wait; a CI run's flaky test)."""
+    looks: list[float] = []
+
+    def starting_daemon(state: str, young_s: float = 30.0) -> int | None:
+        looks.append(time.monotonic())
+        return None if len(looks) == 1 else 4242
+
+    monkeypatch.setattr(statelock, "starting_daemon", starting_daemon)
+    servers: list[CannedServer] = []
+
+    def start_later() -> None:
+        time.sleep(NO_DAEMON_GRACE + 0.5)
+        servers.append(CannedServer(sock_path, [Canned.json({"version": "x"})]).__enter__())
+
+    said: list[str] = []
+    t = threading.Thread(target=start_later)
+    t.start()
+    start = time.monotonic()
+    try:
+        assert Client(sock_path, wait=10, notice=said.append).status() == {"version": "x"}
+    finally:
+        t.join()
+        for s in servers:
+            s.__exit__(None, None, None)
+    assert time.monotonic() - start > NO_DAEMON_GRACE
+    assert len(looks) > 2
+    assert said == [f"waiting for the sprite-env daemon at {sock_path} (pid 4242 is starting)..."]
+
+
+def test_wait_zero_does_not_wait_even_the_grace(sock_path: str) -> None:
+    start = time.monotonic()
+    with pytest.raises(DaemonUnavailable, match="no sprite-env daemon runs for"):
+        Client(sock_path, wait=0).status()
+    assert time.monotonic() - start < NO_DAEMON_GRACE
 
 
 def test_starting_daemon_is_retried(sock_path: str) -> None:

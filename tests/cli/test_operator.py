@@ -68,9 +68,11 @@ def test_the_unit_starts_a_daemon_with_the_flags_of_its_config(tmp_path: Any) ->
         try:
             st = c.status()
         except DaemonUnavailable as e:
-            # Say why: two fresh-clone CI runs met a daemon alive and silent (an empty log)
-            # after 60 s, which no local run reproduced. Where it waits: the kernel's view
-            # (state, wait channel, stack), then Python's (SIGABRT, faulthandler).
+            # Say why, if it comes back: three CI runs met a daemon alive and still
+            # importing. The client had given up after 0.8 s, not 60 (its grace for "none
+            # runs" kept from a first look at /proc that missed the daemon just spawned;
+            # tests/test_client.py), found by running this test beside the suite. Where the
+            # daemon is: the kernel's view, its run delay, the machine, then Python's.
             raise AssertionError(f"{e}\n{_why_silent(d, tmp_path / 'daemon.log')}") from None
         assert st["root"] == str(root)
         assert st["auto_interval_s"] == 0
@@ -123,7 +125,9 @@ def _why_silent(d: subprocess.Popen[bytes], log: Any) -> str:
         text=True,
         check=False,
     )
-    facts.append("the busiest processes:\n" + "\n".join(x[:160] for x in top.stdout.splitlines()[:15]))
+    facts.append(
+        "the busiest processes:\n" + "\n".join(x[:160] for x in top.stdout.splitlines()[:15])
+    )
     if d.poll() is None:
         d.send_signal(signal.SIGABRT)
         with contextlib.suppress(subprocess.TimeoutExpired):
