@@ -167,22 +167,26 @@ def test_waits_the_bounded_time_and_says_so_once(sock_path: str, holder: Any) ->
 
 def test_waits_for_a_daemon_that_comes_up(sock_path: str, holder: Any) -> None:
     said: list[str] = []
-    replies = [Canned.json({"version": "x"})]
+    assert _status_served_after(0.3, sock_path, said) == {"version": "x"}
+    assert len(said) == 1
+
+
+def _status_served_after(delay: float, sock_path: str, said: list[str]) -> Any:
+    """A client's status where a daemon's socket appears ``delay`` s after it is asked."""
     servers: list[CannedServer] = []
 
     def start_later() -> None:
-        time.sleep(0.3)
-        servers.append(CannedServer(sock_path, replies).__enter__())
+        time.sleep(delay)
+        servers.append(CannedServer(sock_path, [Canned.json({"version": "x"})]).__enter__())
 
     t = threading.Thread(target=start_later)
     t.start()
     try:
-        assert Client(sock_path, wait=10, notice=said.append).status() == {"version": "x"}
+        return Client(sock_path, wait=10, notice=said.append).status()
     finally:
         t.join()
         for s in servers:
             s.__exit__(None, None, None)
-    assert len(said) == 1
 
 
 def test_a_daemon_that_looked_absent_once_is_waited_for(
@@ -199,22 +203,9 @@ def test_a_daemon_that_looked_absent_once_is_waited_for(
         return None if len(looks) == 1 else 4242
 
     monkeypatch.setattr(statelock, "starting_daemon", starting_daemon)
-    servers: list[CannedServer] = []
-
-    def start_later() -> None:
-        time.sleep(NO_DAEMON_GRACE + 0.5)
-        servers.append(CannedServer(sock_path, [Canned.json({"version": "x"})]).__enter__())
-
     said: list[str] = []
-    t = threading.Thread(target=start_later)
-    t.start()
     start = time.monotonic()
-    try:
-        assert Client(sock_path, wait=10, notice=said.append).status() == {"version": "x"}
-    finally:
-        t.join()
-        for s in servers:
-            s.__exit__(None, None, None)
+    assert _status_served_after(NO_DAEMON_GRACE + 0.5, sock_path, said) == {"version": "x"}
     assert time.monotonic() - start > NO_DAEMON_GRACE
     assert len(looks) > 2
     assert said == [f"waiting for the sprite-env daemon at {sock_path} (pid 4242 is starting)..."]

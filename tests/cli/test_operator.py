@@ -84,50 +84,33 @@ def test_the_unit_starts_a_daemon_with_the_flags_of_its_config(tmp_path: Any) ->
     assert code == 0, (tmp_path / "daemon.log").read_text()
 
 
+def _proc(pid: int, name: str, keep: tuple[str, ...] = ()) -> str:
+    """``/proc/PID/NAME`` (only its lines that start with one of ``keep``, if given)."""
+    try:
+        with open(f"/proc/{pid}/{name}") as f:
+            text = f.read()
+    except OSError as e:
+        return f"/proc/{pid}/{name}: {e}"
+    if keep:
+        text = "".join(x for x in text.splitlines(True) if x.startswith(keep))
+    return f"/proc/{pid}/{name}: {text.strip()}"
+
+
 def _why_silent(d: subprocess.Popen[bytes], log: Any) -> str:
     """What a started daemon that does not answer is doing: its state and kernel stack,
-    its children, then (it is aborted) the Python stack of each of its threads."""
-    facts = [f"the daemon's exit: {d.poll()}"]
-    for name in ("status", "wchan", "stack"):
-        try:
-            with open(f"/proc/{d.pid}/{name}") as f:
-                text = f.read()
-        except OSError as e:
-            text = str(e)
-        if name == "status":
-            text = "".join(x for x in text.splitlines(True) if x.startswith(("State", "Threads")))
-        facts.append(f"/proc/{d.pid}/{name}: {text.strip()}")
-    ps = subprocess.run(
-        ["ps", "-o", "pid,stat,wchan:32,etime,args", "--ppid", str(d.pid)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    facts.append(f"its children:\n{ps.stdout.strip()}")
-    # A runnable daemon that made no progress in 60 s (the a55db09 run: state R, in the
-    # compiler): did it get the CPU? schedstat is "run time, wait for a CPU (ns), slices";
-    # then the machine's load and who held the two cores.
-    for name in ("schedstat", "sched"):
-        try:
-            with open(f"/proc/{d.pid}/{name}") as f:
-                text = f.read()
-        except OSError as e:
-            text = str(e)
-        if name == "sched":
-            keep = ("se.sum_exec_runtime", "se.statistics.wait_sum", "nr_switches", "nr_invol")
-            text = "".join(x for x in text.splitlines(True) if x.startswith(keep))
-        facts.append(f"/proc/{d.pid}/{name}: {text.strip()}")
+    its children, its run delay (schedstat: run time, wait for a CPU, slices), the load
+    and the busiest processes, then (it is aborted) the Python stack of each thread."""
+    facts = [f"the daemon's exit: {d.poll()}", _proc(d.pid, "status", ("State", "Threads"))]
+    facts += [_proc(d.pid, "wchan"), _proc(d.pid, "stack"), _proc(d.pid, "schedstat")]
+    facts.append(_proc(d.pid, "sched", ("se.sum_exec_runtime", "nr_switches", "nr_invol")))
+    for args in (
+        ["-o", "pid,stat,wchan:32,etime,args", "--ppid", str(d.pid)],
+        ["-eo", "pid,ppid,stat,pcpu,etime,args", "--sort=-pcpu"],
+    ):
+        ps = subprocess.run(["ps", *args], capture_output=True, text=True, check=False)
+        facts.append("\n".join(x[:160] for x in ps.stdout.splitlines()[:15]))
     with open("/proc/loadavg") as f:
         facts.append(f"/proc/loadavg: {f.read().strip()}")
-    top = subprocess.run(
-        ["ps", "-eo", "pid,ppid,stat,pcpu,etime,args", "--sort=-pcpu"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    facts.append(
-        "the busiest processes:\n" + "\n".join(x[:160] for x in top.stdout.splitlines()[:15])
-    )
     if d.poll() is None:
         d.send_signal(signal.SIGABRT)
         with contextlib.suppress(subprocess.TimeoutExpired):
