@@ -126,10 +126,16 @@ def test_processes_a_killed_daemon_left_frozen_are_thawed_at_start(
     overlay: Any, daemon_factory: Any, tmp_path: Any
 ) -> None:
     # What a daemon killed during a capture's second pass leaves: a frozen cgroup.
+    # The count is written whole (renamed into place): frozen between the truncation and
+    # the write of `echo $i > count`, the loop left it empty, and a read after the thaw
+    # that met the same moment again took "" for "not running" (a CI run).
     counter = tmp_path / "count"
-    proc = subprocess.Popen(
-        ["sh", "-c", f"i=0; while true; do i=$((i+1)); echo $i > {counter}; sleep 0.01; done"]
-    )
+    loop = f"i=0; while true; do i=$((i+1)); echo $i > {counter}.new; mv {counter}.new {counter}"
+    proc = subprocess.Popen(["sh", "-c", f"{loop}; sleep 0.01; done"])
+    deadline = time.monotonic() + 30
+    while not counter.exists():
+        assert time.monotonic() < deadline, "the counting loop did not start"
+        time.sleep(0.01)
     try:
         # a process that freezes it and dies inside, as a killed daemon would (the context
         # kept referenced: collected, its generator would thaw on the way out)
@@ -148,8 +154,10 @@ def test_processes_a_killed_daemon_left_frozen_are_thawed_at_start(
             before = counter.read_text()
         spec = f"{overlay.lower}:{overlay.upper}:{overlay.work}:{overlay.merged}"
         d = daemon_factory("--overlay", spec, root=overlay.merged, state=str(tmp_path / "state"))
-        time.sleep(0.3)
-        assert counter.read_text() != before  # running again
+        deadline = time.monotonic() + 10
+        while counter.read_text() == before:  # running again
+            assert time.monotonic() < deadline, "still frozen 10 s after the daemon started"
+            time.sleep(0.05)
         # cgroups are machine-wide: a daemon the other test process started meanwhile may
         # have thawed it first; then this one found nothing left to thaw
         log = d.log()
@@ -166,10 +174,16 @@ def test_a_live_daemons_freeze_is_not_thawed(tmp_path: Any, expect_log: Any) -> 
     # A leftover whose maker is dead may be there too, and is thawed: the other test
     # process's killed-daemon test makes one (a fresh-clone CI run met it here).
     expect_log(r"thawing \d+ processes a previous daemon left frozen")
+    # The count is written whole (renamed into place): frozen between the truncation and
+    # the write of `echo $i > count`, the loop left it empty, and a read after the thaw
+    # that met the same moment again took "" for "not running" (a CI run).
     counter = tmp_path / "count"
-    proc = subprocess.Popen(
-        ["sh", "-c", f"i=0; while true; do i=$((i+1)); echo $i > {counter}; sleep 0.01; done"]
-    )
+    loop = f"i=0; while true; do i=$((i+1)); echo $i > {counter}.new; mv {counter}.new {counter}"
+    proc = subprocess.Popen(["sh", "-c", f"{loop}; sleep 0.01; done"])
+    deadline = time.monotonic() + 30
+    while not counter.exists():
+        assert time.monotonic() < deadline, "the counting loop did not start"
+        time.sleep(0.01)
     try:
         with freeze.frozen(lambda: [proc.pid]):
             before = counter.read_text()
