@@ -23,8 +23,11 @@ Concepts:
   daemon answers 503 ``starting`` or ``stopping`` (it is starting, finishing a restore it
   was killed in, or shutting down before a new one starts), the client retries for
   ``wait`` seconds (default 30; ``$SPRITE_API_WAIT``; 0: no retry), saying once that it
-  waits. No daemon acted on the request in any of those cases, so retrying a create
-  cannot create twice. A connection that fails in any other way is not retried.
+  waits. Where no daemon runs for the socket's state directory (its ``daemon.lock`` names
+  none alive, and /proc shows none starting) it gives up after ``NO_DAEMON_GRACE`` and
+  says so, naming a dead one; that is judged again at every try, so a daemon seen starting
+  later is waited for. No daemon acted on the request in any of those cases, so retrying a
+  create cannot create twice. A connection that fails in any other way is not retried.
 - **Streams**: create, restore and reset answer with NDJSON events (``info``, ``progress``,
   then ``complete`` or ``error``; each names its ``job``). The methods call ``on_event``
   for every event and return the ``complete`` one. When the connection drops mid-stream
