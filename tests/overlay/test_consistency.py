@@ -122,13 +122,12 @@ def _left(pid: int) -> bool:
     return any(name in os.listdir(m) for m in freeze._cgroup_mounts().values())
 
 
-def test_processes_a_killed_daemon_left_frozen_are_thawed_at_start(
-    overlay: Any, daemon_factory: Any, tmp_path: Any
-) -> None:
-    # What a daemon killed during a capture's second pass leaves: a frozen cgroup.
-    # The count is written whole (renamed into place): frozen between the truncation and
-    # the write of `echo $i > count`, the loop left it empty, and a read after the thaw
-    # that met the same moment again took "" for "not running" (a CI run).
+def _counting(tmp_path: Any) -> tuple[subprocess.Popen[bytes], Any]:
+    """A shell loop that counts into ``tmp_path/count``, and that file once it is there.
+
+    The count is written whole (renamed into place): frozen between the truncation and the
+    write of ``echo $i > count``, the loop left it empty, and a read after the thaw that
+    met the same moment again took "" for "not running" (a CI run)."""
     counter = tmp_path / "count"
     loop = f"i=0; while true; do i=$((i+1)); echo $i > {counter}.new; mv {counter}.new {counter}"
     proc = subprocess.Popen(["sh", "-c", f"{loop}; sleep 0.01; done"])
@@ -136,6 +135,22 @@ def test_processes_a_killed_daemon_left_frozen_are_thawed_at_start(
     while not counter.exists():
         assert time.monotonic() < deadline, "the counting loop did not start"
         time.sleep(0.01)
+    return proc, counter
+
+
+def _until_counting_past(counter: Any, before: str, timeout: float = 10.0) -> None:
+    """Waits until the loop has counted past ``before`` (it runs, thawed)."""
+    deadline = time.monotonic() + timeout
+    while counter.read_text() == before:
+        assert time.monotonic() < deadline, f"not counting {timeout:g} s after its thaw"
+        time.sleep(0.05)
+
+
+def test_processes_a_killed_daemon_left_frozen_are_thawed_at_start(
+    overlay: Any, daemon_factory: Any, tmp_path: Any
+) -> None:
+    # What a daemon killed during a capture's second pass leaves: a frozen cgroup.
+    proc, counter = _counting(tmp_path)
     try:
         # a process that freezes it and dies inside, as a killed daemon would (the context
         # kept referenced: collected, its generator would thaw on the way out)
@@ -154,10 +169,7 @@ def test_processes_a_killed_daemon_left_frozen_are_thawed_at_start(
             before = counter.read_text()
         spec = f"{overlay.lower}:{overlay.upper}:{overlay.work}:{overlay.merged}"
         d = daemon_factory("--overlay", spec, root=overlay.merged, state=str(tmp_path / "state"))
-        deadline = time.monotonic() + 10
-        while counter.read_text() == before:  # running again
-            assert time.monotonic() < deadline, "still frozen 10 s after the daemon started"
-            time.sleep(0.05)
+        _until_counting_past(counter, before)  # running again
         # cgroups are machine-wide: a daemon the other test process started meanwhile may
         # have thawed it first; then this one found nothing left to thaw
         log = d.log()
@@ -174,24 +186,14 @@ def test_a_live_daemons_freeze_is_not_thawed(tmp_path: Any, expect_log: Any) -> 
     # A leftover whose maker is dead may be there too, and is thawed: the other test
     # process's killed-daemon test makes one (a fresh-clone CI run met it here).
     expect_log(r"thawing \d+ processes a previous daemon left frozen")
-    # The count is written whole (renamed into place): frozen between the truncation and
-    # the write of `echo $i > count`, the loop left it empty, and a read after the thaw
-    # that met the same moment again took "" for "not running" (a CI run).
-    counter = tmp_path / "count"
-    loop = f"i=0; while true; do i=$((i+1)); echo $i > {counter}.new; mv {counter}.new {counter}"
-    proc = subprocess.Popen(["sh", "-c", f"{loop}; sleep 0.01; done"])
-    deadline = time.monotonic() + 30
-    while not counter.exists():
-        assert time.monotonic() < deadline, "the counting loop did not start"
-        time.sleep(0.01)
+    proc, counter = _counting(tmp_path)
     try:
         with freeze.frozen(lambda: [proc.pid]):
             before = counter.read_text()
             assert proc.pid not in freeze.thaw_leftovers()
             time.sleep(0.2)
             assert counter.read_text() == before  # still frozen
-        time.sleep(0.2)
-        assert counter.read_text() != before
+        _until_counting_past(counter, before)
     finally:
         proc.kill()
         proc.wait()
