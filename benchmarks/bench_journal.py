@@ -7,7 +7,12 @@ layer's writes and the store, beside the image, is elsewhere), then per mode:
 - a first checkpoint (full walk, cold files cache),
 - ``REPS`` times: a small agent-like change (edit 20 files in 5 directories, create 10,
   delete 5, rename one directory of 6 files), then a checkpoint;
-- ``REPS`` checkpoints with no change.
+- ``REPS`` checkpoints with no change;
+- ``REPS`` times: a hard link made to a layer file from outside the layer (a package
+  manager's store, a cache elsewhere on the disk: ``mnt/outside``), a write through that
+  name only, the link of the rep before removed, then a checkpoint. No event names the
+  layer's name of that file: the journal gives its inode and the walk names where the
+  files cache saw it (before, each such link made the walk full).
 
 Run as root: ``python benchmarks/bench_journal.py [--reps 5] [--dir DIR]`` (default
 ``benchmarks/.data/scratch-journal``). Prints
@@ -85,8 +90,20 @@ def change(layer: str, rep: int) -> None:
         os.rename(src, os.path.join(layer, "p11", "q4", f"moved{rep}"))
 
 
+def link_outside(layer: str, rep: int) -> None:
+    """A link to a layer file from outside the layer, written through; the last one gone."""
+    outside = os.path.join(os.path.dirname(layer), "outside")
+    os.makedirs(outside, exist_ok=True)
+    for name in os.listdir(outside):
+        os.unlink(os.path.join(outside, name))
+    link = os.path.join(outside, f"l{rep}")
+    os.link(os.path.join(layer, f"p{rep % 26}", "q3", "r3", "f0.txt"), link)
+    with open(link, "ab") as f:
+        f.write(b"through the outside name %d\n" % rep)
+
+
 def run(layer: str, journal: bool, reps: int) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {"first": [], "change": [], "nochange": []}
+    out: dict[str, list[float]] = {"first": [], "change": [], "nochange": [], "link": []}
     store = tempfile.mkdtemp(prefix="jbench-store-")
     j = Journal(layer) if journal else None
     try:
@@ -110,6 +127,14 @@ def run(layer: str, journal: bool, reps: int) -> dict[str, list[float]]:
                 dt = time.perf_counter() - t
                 out["nochange"].append(dt)
                 print(f"  no change {rep}: {dt * 1000:.0f} ms (walk {cp.walk})")
+            for rep in range(reps):
+                link_outside(layer, rep)
+                time.sleep(0.1)
+                t = time.perf_counter()
+                cp = e.create(f"link outside {rep}")
+                dt = time.perf_counter() - t
+                out["link"].append(dt)
+                print(f"  link outside {rep}: {dt * 1000:.0f} ms (walk {cp.walk} {cp.walk_reason})")
     finally:
         if j is not None:
             j.close()
@@ -135,7 +160,7 @@ def main() -> None:
         print(f"journal {'on' if journal else 'off'}:")
         results[journal] = run(layer, journal, args.reps)
     print("\nmedians (s):        journal off   journal on")
-    for k in ("first", "change", "nochange"):
+    for k in ("first", "change", "nochange", "link"):
         off, on = statistics.median(results[False][k]), statistics.median(results[True][k])
         print(f"  {k:<18} {off:>10.3f}   {on:>10.3f}")
 

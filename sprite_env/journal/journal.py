@@ -151,18 +151,27 @@ class _NotYet(Exception):
     """A handle :meth:`Journal.poll` leaves for :meth:`Journal.begin` to resolve."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Linked:
+    """A file with several links whose changed names no event gave (a link made or
+    removed elsewhere, a write under a name it lost): its inode, for the capture to name
+    every name the files cache has for it (``WalkHint.inodes``)."""
+
+    ino: int
+
+
 @dataclass(slots=True)
 class _Resolved:
     """Handles resolved within one epoch: directories' and objects' paths relative to the
     root (None: gone, or outside the layer), and the first doubt met."""
 
     dirs: dict[bytes, bytes | None] = field(default_factory=dict)
-    objects: dict[bytes, bytes | None] = field(default_factory=dict)
+    objects: dict[bytes, bytes | _Linked | None] = field(default_factory=dict)
     #: (directory handle, name) of a data or metadata event -> the handle of the file that
     #: name names (None: none), and a file's handle -> where it is when that is another
     #: file (see ``Journal._resolve``): looked up by ``Journal.poll`` ahead of ``begin``
     names: dict[tuple[bytes, bytes], bytes | None] = field(default_factory=dict)
-    lost: dict[bytes, bytes | None] = field(default_factory=dict)
+    lost: dict[bytes, bytes | _Linked | None] = field(default_factory=dict)
     doubt: str = ""
 
 
@@ -175,6 +184,7 @@ class _Found:
     dirty: set[bytes] = field(default_factory=set)
     void: set[bytes] = field(default_factory=set)
     named: dict[bytes, set[bytes]] = field(default_factory=dict)
+    inodes: set[int] = field(default_factory=set)
 
     def name(self, rel: bytes, name: bytes) -> None:
         self.dirty.add(rel)
@@ -434,6 +444,7 @@ class Journal:
             frozenset(found.void),
             memo,
             named={rel: frozenset(n) for rel, n in found.named.items()},
+            inodes=frozenset(found.inodes),
         )
         return WalkPlan(hint, "", self._epoch, mapped)
 
@@ -510,8 +521,9 @@ class Journal:
         cache[handle] = rel
         return rel
 
-    def _object_path(self, handle: bytes, *, ahead: bool = False) -> bytes | None:
-        """The path of a non-directory reported alone (its link count changed).
+    def _object_path(self, handle: bytes, *, ahead: bool = False) -> bytes | _Linked | None:
+        """The path of a non-directory reported alone (its link count changed), or, if it
+        has several links now, its inode: one path cannot say where its other names are.
 
         Raises:
             _NotYet: ``ahead`` (resolving from :meth:`poll`) and the file has several
@@ -537,7 +549,7 @@ class Journal:
                 if ahead:
                     raise _NotYet
                 # a group whose members' events name one member each: see _resolve
-                raise _Doubt("a file with several links changed its link count")
+                return _Linked(st.st_ino)
             path = os.readlink(b"/proc/self/fd/%d" % fd)
         finally:
             os.close(fd)
@@ -564,15 +576,16 @@ class Journal:
                     os.close(fd)
         return seen[handle]
 
-    def _lost_name_path(self, handle: bytes, *, ahead: bool = False) -> bytes | None:
+    def _lost_name_path(self, handle: bytes, *, ahead: bool = False) -> bytes | _Linked | None:
         """Where the file of ``handle`` is now, relative to the root, for an event that named
-        it by a name it has lost (see :meth:`_resolve`); None if it is in no directory.
+        it by a name it has lost (see :meth:`_resolve`); None if it is in no directory; its
+        inode if it has several links (which of its names are in the layer, one path
+        cannot say).
 
         Raises:
-            _Doubt: its place cannot be vouched for: several links (the others unnamed),
-                a path outside the layer (moved out, or a dentry the kernel could not
-                connect to its directory, whose path says nothing), or a path that names
-                another file now.
+            _Doubt: its place cannot be vouched for: a path outside the layer (moved out,
+                or a dentry the kernel could not connect to its directory, whose path says
+                nothing), or a path that names another file now.
         """
         fd = self._open(handle)
         if fd is None:
@@ -584,7 +597,7 @@ class Journal:
             if st.st_nlink > 1:
                 if ahead:
                     raise _NotYet  # how many it has at the capture's start is what matters
-                raise _Doubt("a file with several links was changed under a name it lost")
+                return _Linked(st.st_ino)
             path = os.readlink(b"/proc/self/fd/%d" % fd)
         finally:
             os.close(fd)
@@ -631,14 +644,20 @@ class Journal:
             if rel:  # the root's own entry is made from its fstat by every capture
                 found.name(_parent(rel), _base(rel))
         for h in batch.objects:
-            rel = known.objects[h] if h in known.objects else self._object_path(h)
-            if rel is not None and _base(rel) not in found.named.get(_parent(rel), ()):
-                # A live file's link count changed and no event of this epoch named it: a
-                # link was made or removed elsewhere, and while it lived a change through
-                # that name (an event naming it only) was this file's change too (the
-                # oracle: ``ln a/b/a a/d``, ``utime a/d``, ``rm a/d`` in one epoch left
-                # a/b/a's new mtime unseen). Its other names are lost: walk everything.
-                raise _Doubt("a hard link was made or removed (a link count changed)")
+            obj = known.objects[h] if h in known.objects else self._object_path(h)
+            if isinstance(obj, _Linked):
+                # Several links now, one made or removed elsewhere: a change through any
+                # of them (an event naming that one only) is every member's change. Its
+                # names in the layer are those the files cache has for its inode (the
+                # last capture's), and any made since, each an event of its own.
+                found.inodes.add(obj.ino)
+            elif obj is not None:
+                # Its only name now, in the layer. A link was made or removed elsewhere, and
+                # while it lived a change through that name (an event naming it only) was
+                # this file's change too (the oracle: ``ln a/b/a a/d``, ``utime a/d``, ``rm
+                # a/d`` in one epoch left a/b/a's new mtime unseen): named here, it is
+                # stat'ed (its ctime moved with the link count) and read if it changed.
+                found.name(_parent(obj), _base(obj))
         # Which files the names of the epoch's data and metadata events named when each
         # event came: a name that now names another file (or none) is stale (below).
         named_objects: dict[tuple[bytes, bytes], set[bytes]] = {}
@@ -683,7 +702,9 @@ class Journal:
             for obj in objects or ():
                 if obj != now:
                     lost = known.lost[obj] if obj in known.lost else self._lost_name_path(obj)
-                    if lost is not None:
+                    if isinstance(lost, _Linked):
+                        found.inodes.add(lost.ino)  # every name of it: see the objects above
+                    elif lost is not None:
                         found.name(_parent(lost), _base(lost))
         return found
 

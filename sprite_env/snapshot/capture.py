@@ -51,8 +51,11 @@ recorded. Why a missed event can cost speed only, never a file:
   journal also marks the directories of files mapped writable at each capture. A name that
   now holds another directory (created, removed, moved) is void: rows there are not
   trusted. Hard links: a write through one name changes every member's entry, so the
-  directories of every known group are walked each time and a group the memo does not
-  know restarts the capture as a full walk (``NewLinkGroup``).
+  directories of every known group are walked each time. A file whose link count changed,
+  or that was written under a name it lost, comes as its inode (``WalkHint.inodes``): every
+  name the files cache has for it is named (its names at the last capture; one made since
+  is an event of its own). A group neither the memo nor the hint knows restarts the walk
+  with its members' old names named (``NewLinkGroup``); a replaced root, as a full walk.
 - Every trusted directory is still checked the way a full walk checks a file: its
   signature in its walked parent must match the parent's row.
 So the journal narrows a walk to what the walk itself would have found different; if it
@@ -81,7 +84,7 @@ import time
 from array import array
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sprite_env.errors import SnapshotError, SpriteError
 from sprite_env.ids import ObjectId
@@ -161,6 +164,10 @@ except ImportError:  # every file takes the general path
     _read_start = _read_finish = _lstat_names = None
 
 READ_ATTEMPTS = 3
+#: Journal-driven walks of one capture, at most, before a full walk: each restart names
+#: the new hard-link groups the walk before it met (``NewLinkGroup``), so a second one
+#: comes only from a group linked into a directory the first restart named.
+NEW_GROUP_TRIES = 3
 #: Threads of the native full walk (``scan_tree``): more than cores, as a cold walk waits
 #: on the disk. The medium layer (17k directories, 110k files) on the 2 cores of the
 #: development VM, warm: 0.23-0.29 s on one thread, 0.16-0.18 s (about one ``find``) on
@@ -294,6 +301,11 @@ class WalkHint:
             that has them stats only those children and the walked subdirectories (see
             ``Capturer._dir_named``), not the whole listing; a dirty directory with no
             names is listed whole.
+        inodes: files with several links whose changed names no event gave (a link made
+            or removed elsewhere, a write through a name the file has lost): every name
+            the files cache has for them is named too (:func:`capture` adds them), and
+            any name made since is an event of its own. Without them a link made outside
+            the layer, or a new group, made the walk full.
     """
 
     dirty: frozenset[bytes]
@@ -301,6 +313,7 @@ class WalkHint:
     memo: WalkMemo
     scanned: bool = False
     named: Mapping[bytes, frozenset[bytes]] | None = None
+    inodes: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -403,9 +416,14 @@ def _under_any(rel: bytes, tops: frozenset[bytes] | set[bytes]) -> bool:
 
 
 class NewLinkGroup(Exception):
-    """A journal-driven walk met what the journal cannot vouch for (a hard-link group it
-    has not seen: one of its other names may sit in a directory with no event); the
-    capture starts again as a full walk."""
+    """A journal-driven walk met what the journal cannot vouch for: hard-link groups it
+    has not seen (``inodes``: one of their other names may sit in a directory with no
+    event; the capture starts again with those names, see :func:`capture`), or a replaced
+    root (no ``inodes``: it starts again as a full walk)."""
+
+    def __init__(self, reason: str, inodes: frozenset[int] = frozenset()) -> None:
+        super().__init__(reason)
+        self.inodes = inodes
 
 
 _Read = tuple[TreeEntry, os.stat_result] | None
@@ -875,6 +893,9 @@ class Capturer:
         self.totals: dict[bytes, Totals] = {}
         self.link_dirs: set[bytes] = set()
         self.link_inos: set[int] = set()
+        #: hard-link groups a journal-driven walk met that neither its memo nor its hint
+        #: knew, with the first member met (see ``NewLinkGroup``)
+        self._new_groups: dict[int, bytes] = {}
         #: Big files changed in place whose reads began before the walk (``_start_early``),
         #: by path, until the walk reaches them; and the descriptors of their directories.
         self._early: dict[bytes, tuple[Future[_Read], TreeEntry | None]] = {}
@@ -1038,6 +1059,11 @@ class Capturer:
                 self._ahead.close()
             self._planned.clear()  # reads the walk did not take: dropped unread
             self._trees.clear()
+        if self._new_groups:
+            first = next(iter(self._new_groups.values()))
+            raise NewLinkGroup(
+                f"a new hard link ({os.fsdecode(first)})", frozenset(self._new_groups)
+            )
         for rel in self._early:  # read early, then not taken by the walk: not this entry's
             self.page_sums_out.pop(rel, None)
         top_id = self._put_tree(encode_tree([top]))
@@ -1871,8 +1897,16 @@ class Capturer:
                 self.link_dirs.add(rel)
                 self.link_inos.add(st.st_ino)
                 hint = self.hint
-                if hint is not None and not hint.scanned and st.st_ino not in hint.memo.link_inos:
-                    raise NewLinkGroup(f"a new hard link ({os.fsdecode(child)})")
+                if (
+                    hint is not None
+                    and not hint.scanned
+                    and st.st_ino not in hint.memo.link_inos
+                    and st.st_ino not in hint.inodes
+                ):
+                    # its other names may be where no event was: looked up once the walk
+                    # has met every such group (one restart, not one per group: a package
+                    # manager links thousands of files at once)
+                    self._new_groups.setdefault(st.st_ino, child)
             prev_entry = None
             if (
                 not same
@@ -2682,7 +2716,10 @@ def capture(
         trees_out=trees_out,
     )
     reason = ""
-    if hint is not None:
+    tries = 0
+    while hint is not None:
+        if hint.inodes:
+            hint = _naming(hint, cache if cache is not None else {})
         try:
             sums: dict[bytes, PageSums] = {}
             r = capturer(hint=hint, page_sums_out=sums).run()
@@ -2692,12 +2729,33 @@ def capture(
                     on_warning(w)
             return r
         except NewLinkGroup as e:
-            reason = str(e)  # what it stored is kept (content-addressed); warnings are not
+            # what it stored is kept (content-addressed); warnings are not. New groups:
+            # walked again with their members' old names (each walk names the groups it
+            # met, so a second restart means a group linked to one of those: rare)
+            reason = str(e)
+            tries += 1
+            hint = replace(hint, inodes=hint.inodes | e.inodes) if e.inodes else None
+            if tries >= NEW_GROUP_TRIES:
+                hint = None
     sums = {}  # the full walk reads those files again: only its digests are saved
     r = capturer(on_warning=on_warning, page_sums_out=sums).run()
     r.page_sums = sums
     r.walk_reason = reason
     return r
+
+
+def _naming(hint: WalkHint, cache: Mapping[bytes, CachedDir]) -> WalkHint:
+    """``hint`` with every name the files cache has for ``hint.inodes`` named (and its
+    directory dirty): where the last capture found those files' other names."""
+    found = dircache.names_of(cache, hint.inodes)
+    if not found:
+        return hint
+    named = None
+    if hint.named is not None:
+        named = dict(hint.named)
+        for rel, names in found.items():
+            named[rel] = named.get(rel, frozenset()) | names
+    return replace(hint, dirty=hint.dirty | found.keys(), named=named)
 
 
 __all__ = [

@@ -29,6 +29,7 @@ directory afresh; a row written before schema 4 has ``NULL`` and loads as before
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import struct
@@ -59,6 +60,10 @@ if TYPE_CHECKING:
 #: from the coarse clock (one tick: 4 ms at HZ=250, 10 ms at HZ=100); 50 ms is a margin.
 RACY_NS = 50_000_000
 _ROW = struct.Struct("<HQqQq")
+_INO = struct.Struct("<Q")
+#: Up to this many inodes, :func:`names_of` searches the rows' bytes for each (3 ms a
+#: search in the medium layer's rows) rather than decoding them all (about 90 ms).
+_FEW_INODES = 32
 _SUM_HEAD = struct.Struct("<III")
 #: Paths per ``IN (...)`` query of :meth:`CacheView.prefetch` (SQLite allows 32,766).
 _BATCH = 500
@@ -289,6 +294,43 @@ class CacheView(Mapping[bytes, CachedDir]):
 
     def __len__(self) -> int:
         return len(self._load())
+
+
+def names_of(cache: Mapping[bytes, CachedDir], inodes: AbstractSet[int]) -> dict[bytes, set[bytes]]:
+    """Where the files cache saw each of ``inodes``: per directory, the names whose
+    signature has one of them (what the last capture found; an inode reused since only
+    names one more entry to stat).
+
+    Reads every row (a :class:`CacheView` loads them all). For a few inodes, the rows'
+    blobs are searched for each inode's 8 bytes and only the rows with a hit are decoded;
+    for many, every row is. The medium layer's 17k rows (127k signatures): loading them
+    77-93 ms, joining their blobs 10-13 ms, one search 3 ms, decoding them all 77-105 ms.
+    """
+    out: dict[bytes, set[bytes]] = {}
+    if not inodes:
+        return out
+    paths = list(cache)
+    blobs = [cache[p].stat for p in paths]
+    rows: Iterable[int] = range(len(paths))
+    if len(inodes) <= _FEW_INODES:
+        starts, at = [], 0
+        for blob in blobs:
+            starts.append(at)
+            at += len(blob)
+        joined = b"".join(blobs)
+        hits: set[int] = set()
+        for ino in inodes:
+            needle = _INO.pack(ino)
+            found = joined.find(needle)
+            while found >= 0:  # a hit across two rows is decoded for nothing: no harm
+                hits.add(bisect.bisect_right(starts, found) - 1)
+                found = joined.find(needle, found + 1)
+        rows = sorted(hits)
+    for k in rows:
+        for name, sig in decode_sigs(blobs[k]).items():
+            if sig[0] in inodes:
+                out.setdefault(paths[k], set()).add(name)
+    return out
 
 
 def load(catalog: Catalog) -> dict[bytes, CachedDir]:

@@ -4,12 +4,14 @@ the whole listing of a dirty directory, and still yields the truth and its count
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from typing import TYPE_CHECKING, Any
 
 from sprite_env.journal import Journal
 from sprite_env.snapshot import capture as capture_mod
+from sprite_env.snapshot.tree import decode_tree
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -199,7 +201,9 @@ def test_a_directorys_own_change_is_its_parents_name(layer: str, harness_for: An
 def test_a_hard_link_made_and_removed_within_an_epoch(layer: str, harness_for: Any) -> None:
     """``ln``, a change through the new name, ``rm`` of it, all between two checkpoints:
     the event named the link only, so the file's own name must not be trusted (the oracle
-    found a/b/a's new mtime missed). With or without the reader resolving in between."""
+    found a/b/a's new mtime missed). Its link count changed: the journal names the file
+    where it is now (it has one name again), and the walk stays narrow. With or without
+    the reader resolving in between."""
     h, wide = _wide(layer, harness_for)
     assert h.journal is not None
     try:
@@ -210,9 +214,98 @@ def test_a_hard_link_made_and_removed_within_an_epoch(layer: str, harness_for: A
             os.utime(os.path.join(layer, "other", "ln"), ns=(10**18, 10**18))
             os.unlink(os.path.join(layer, "other", "ln"))
             time.sleep(0.06)
-            _check_full(h, h.capture(), "link")
+            with _listed() as listed:
+                r = h.capture()
+            _check(h, r)
+            assert listed[0] <= 2, "the 300-entry directory was listed whole"
+            assert _entry(h, r, b"deep/er/wide/f050")[0] == 10**18
     finally:
         h.journal.close()
+
+
+def _entry(h: Harness, r: CaptureResult, rel: bytes) -> tuple[int, int]:
+    """The (mtime_ns, nlink) of ``rel``'s entry in ``r``'s tree."""
+    tree = r.top_tree
+    entries = decode_tree(h.store.read(tree))
+    tree = entries[0].payload
+    for part in rel.split(b"/"):
+        entry = next(e for e in decode_tree(h.store.read(tree)) if e.name == part)
+        tree = entry.payload
+    return entry.mtime_ns, entry.nlink
+
+
+def test_a_link_made_outside_the_layer_keeps_the_journal(layer: str, harness_for: Any) -> None:
+    """A link made to a layer file from outside the layer (a package manager's store, a
+    cache elsewhere on the disk), and writes through that name only: no event names the
+    layer's name, so the journal gives the file's inode, the walk names what the files
+    cache has for it, and from then on its directory is walked each time (a group). Before,
+    each such link made the next walk full."""
+    h, wide = _wide(layer, harness_for)
+    assert h.journal is not None
+    outside = os.path.join(os.path.dirname(layer), "outside")
+    os.mkdir(outside)
+    try:
+        os.link(os.path.join(wide, "f070"), os.path.join(outside, "store-copy"))
+        time.sleep(0.06)
+        r = h.capture()
+        _check(h, r)
+        assert _entry(h, r, b"deep/er/wide/f070")[1] == 2
+        with open(os.path.join(outside, "store-copy"), "ab") as f:
+            f.write(b"written outside the layer\n")
+        time.sleep(0.06)
+        _check(h, h.capture())
+        os.unlink(os.path.join(outside, "store-copy"))
+        time.sleep(0.06)
+        r = h.capture()
+        _check(h, r)
+        assert _entry(h, r, b"deep/er/wide/f070")[1] == 1
+    finally:
+        h.journal.close()
+
+
+def test_a_new_group_no_event_gave_restarts_the_walk_with_its_names(
+    layer: str, harness_for: Any
+) -> None:
+    """The walk itself meets a group neither the memo nor the hint knows (here the
+    journal's word on the link count is taken out of the hint): it walks again with the
+    names the files cache has for that inode, not everything."""
+    h, wide = _wide(layer, harness_for)
+    j = h.journal
+    assert j is not None
+    try:
+        os.link(os.path.join(wide, "f090"), os.path.join(layer, "other", "n2"))
+        time.sleep(0.06)
+        real = j.begin
+
+        def without_inodes() -> Any:
+            plan = real()
+            assert plan.hint is not None
+            assert plan.hint.inodes, "the journal gave the inode"
+            return dataclasses.replace(
+                plan, hint=dataclasses.replace(plan.hint, inodes=frozenset())
+            )
+
+        j.begin = without_inodes  # type: ignore[method-assign]
+        calls = []
+        real_run = capture_mod.Capturer.run
+
+        def counted(self: Any) -> Any:
+            calls.append(self.hint)
+            return real_run(self)
+
+        capture_mod.Capturer.run = counted  # type: ignore[method-assign]
+        try:
+            r = h.capture()
+        finally:
+            capture_mod.Capturer.run = real_run  # type: ignore[method-assign]
+            del j.begin
+        _check(h, r)
+        assert len(calls) == 2
+        assert calls[1] is not None
+        assert calls[1].named[b"deep/er/wide"] >= {b"f090"}
+        assert _entry(h, r, b"deep/er/wide/f090")[1] == 2
+    finally:
+        j.close()
 
 
 def test_a_link_made_then_its_first_name_removed_keeps_the_journal(
@@ -239,10 +332,18 @@ def test_a_link_made_then_its_first_name_removed_keeps_the_journal(
         time.sleep(0.06)
         r = h.capture()
         _check(h, r)
-        # the same with the second name still there at the capture: a group, walked whole
+        # the same with the second name still there at the capture: a new group, whose
+        # first name the files cache has (the journal gives the inode), then a write
+        # through the second name only
         os.link(os.path.join(objects, "o0"), os.path.join(wide, "again"))
         h.journal.poll()
         time.sleep(0.06)
-        _check_full(h, h.capture(), "several links")
+        r = h.capture()
+        _check(h, r)
+        assert _entry(h, r, b"other/objects/o0")[1] == 2
+        with open(os.path.join(wide, "again"), "ab") as f:
+            f.write(b"through the second name\n")
+        time.sleep(0.06)
+        _check(h, h.capture())
     finally:
         h.journal.close()
