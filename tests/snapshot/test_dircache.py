@@ -76,3 +76,39 @@ def test_a_rows_names_are_those_it_has_signatures_for(sigs: dict[bytes, dircache
     assert row.names() == frozenset(sigs) == frozenset(row.sigs())
     with mock.patch.object(dircache, "_sig_diff", None):  # no extension built
         assert row.names() == frozenset(sigs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.dictionaries(
+        st.binary(min_size=1, max_size=6),
+        st.dictionaries(
+            st.binary(min_size=1, max_size=6),
+            st.tuples(
+                st.integers(0, 40),  # few inodes: many rows share one
+                st.integers(-1, 2**40),
+                st.integers(0, 2**40),
+                st.integers(-1, 2**40),
+            ),
+            max_size=8,
+        ),
+        max_size=12,
+    ),
+    wanted=st.sets(st.integers(0, 45), max_size=40),
+)
+def test_names_of_finds_every_name_of_the_inodes_and_no_other(
+    rows: dict[bytes, dict[bytes, dircache.Sig]], wanted: set[int]
+) -> None:
+    """Both ways (a search of the rows' bytes for up to 32 inodes, a decode of every row
+    for more) give each name whose signature has one of the inodes, whatever bytes their
+    neighbours hold (an inode's 8 bytes may also occur inside a time or a size)."""
+    cache = {
+        path: dircache.CachedDir(ObjectId(b"\0" * 32), dircache.encode_sigs(sigs))
+        for path, sigs in rows.items()
+    }
+    want: dict[bytes, set[bytes]] = {}
+    for path, sigs in rows.items():
+        for name, sig in sigs.items():
+            if sig[0] in wanted:
+                want.setdefault(path, set()).add(name)
+    assert dircache.names_of(cache, wanted) == want
