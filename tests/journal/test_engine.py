@@ -19,6 +19,7 @@ from sprite_env.checkpoints.registry import Checkpoint
 from sprite_env.journal import Journal
 from sprite_env.snapshot.capture import capture
 from sprite_env.store import open_store
+from sprite_env.store.check import check
 from tests.helpers.daemon import write_file
 
 if TYPE_CHECKING:
@@ -239,3 +240,30 @@ def test_after_a_restore_the_counts_are_the_layers(layer: str, tmp_path: os.Path
         after = e.create("after")
         assert after.walk == "journal"
         _counts(e, after)
+
+
+def test_a_link_from_outside_the_layer_keeps_the_journal_through_the_engine(
+    layer: str, tmp_path: os.PathLike[str]
+) -> None:
+    """Through the engine and its files cache in the catalog (read row by row, then
+    searched by inode): a layer file linked from outside the layer and written through
+    that name only is captured exactly, by a journal walk; the restore of the checkpoint
+    before gives back the old bytes, and the store checks whole."""
+    _tree(layer)
+    outside = os.path.join(os.path.dirname(layer), "outside")
+    os.makedirs(outside, exist_ok=True)
+    with Engine(layer, os.path.join(os.fspath(tmp_path), "store")) as e, Journal(layer) as j:
+        e.journal = j
+        e.create("before")  # the journal's first walk: full
+        time.sleep(0.06)
+        os.link(f"{layer}/a/b/f2", f"{outside}/f2")
+        with open(f"{outside}/f2", "ab") as f:
+            f.write(b"through the other name")
+        time.sleep(0.06)
+        cp = e.create("linked")
+        assert (cp.walk, cp.walk_reason) == ("journal", "")
+        assert cp.top_tree == _truth(e)
+        e.restore("v0")
+        with open(f"{layer}/a/b/f2", "rb") as f:
+            assert f.read() == b"2" * 100
+        assert check(e.store, read_data=True).ok
