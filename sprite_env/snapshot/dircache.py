@@ -61,8 +61,11 @@ if TYPE_CHECKING:
 RACY_NS = 50_000_000
 _ROW = struct.Struct("<HQqQq")
 _INO = struct.Struct("<Q")
-#: Up to this many inodes, :func:`names_of` searches the rows' bytes for each (3 ms a
-#: search in the medium layer's rows) rather than decoding them all (about 90 ms).
+#: Up to this many inodes :func:`names_of` has SQLite search a view's rows (25 ms for
+#: one in the medium layer's, about 19 ms more for each other) ...
+_SQL_INODES = 4
+#: ... and up to this many it searches their bytes itself (3 ms an inode, once they are
+#: loaded) rather than decoding every row (about 90 ms).
 _FEW_INODES = 32
 _SUM_HEAD = struct.Struct("<III")
 #: Paths per ``IN (...)`` query of :meth:`CacheView.prefetch` (SQLite allows 32,766).
@@ -274,6 +277,23 @@ class CacheView(Mapping[bytes, CachedDir]):
         if bad:
             _drop(self._catalog, bad)
 
+    def containing(self, needles: Collection[bytes]) -> list[bytes]:
+        """The paths of the rows whose signature blob holds one of ``needles`` (searched by
+        SQLite, ``instr`` on the blobs: no row is decoded or checked that holds none; the
+        rows found are then read as :meth:`prefetch` reads them)."""
+        if self._all is not None:
+            return [p for p, row in self._all.items() if any(n in row.stat for n in needles)]
+        found: list[bytes] = []
+        wanted = list(needles)
+        for i in range(0, len(wanted), _BATCH):
+            part = wanted[i : i + _BATCH]
+            where = "WHERE " + " OR ".join(["instr(stat, ?) > 0"] * len(part))
+            q = _rows(self._catalog, where, tuple(part), self._schema)
+            paths = [bytes(r[0]) for r in q]
+            self._take(paths, q)
+            found += [p for p in paths if self._rows.get(p) is not None]
+        return found
+
     def __getitem__(self, path: bytes) -> CachedDir:
         if self._all is not None:
             return self._all[path]
@@ -301,36 +321,46 @@ def names_of(cache: Mapping[bytes, CachedDir], inodes: AbstractSet[int]) -> dict
     signature has one of them (what the last capture found; an inode reused since only
     names one more entry to stat).
 
-    Reads every row (a :class:`CacheView` loads them all). For a few inodes, the rows'
-    blobs are searched for each inode's 8 bytes and only the rows with a hit are decoded;
-    for many, every row is. The medium layer's 17k rows (127k signatures): loading them
-    77-93 ms, joining their blobs 10-13 ms, one search 3 ms, decoding them all 77-105 ms.
+    Only rows whose blob holds an inode's 8 bytes are decoded. In the medium layer's
+    17k rows (6.7 MB of blobs, this VM): SQLite's search of a :class:`CacheView` for one
+    inode 25 ms and about 19 ms more for each other (``_SQL_INODES`` at most); else every
+    row is loaded (77-93 ms), their blobs joined (10-13 ms) and searched, 3 ms an inode
+    (``_FEW_INODES`` at most); for more, every row is decoded (77-105 ms).
     """
     out: dict[bytes, set[bytes]] = {}
     if not inodes:
         return out
-    paths = list(cache)
-    blobs = [cache[p].stat for p in paths]
-    rows: Iterable[int] = range(len(paths))
-    if len(inodes) <= _FEW_INODES:
-        starts, at = [], 0
-        for blob in blobs:
-            starts.append(at)
-            at += len(blob)
-        joined = b"".join(blobs)
-        hits: set[int] = set()
-        for ino in inodes:
-            needle = _INO.pack(ino)
-            found = joined.find(needle)
-            while found >= 0:  # a hit across two rows is decoded for nothing: no harm
-                hits.add(bisect.bisect_right(starts, found) - 1)
-                found = joined.find(needle, found + 1)
-        rows = sorted(hits)
-    for k in rows:
-        for name, sig in decode_sigs(blobs[k]).items():
-            if sig[0] in inodes:
-                out.setdefault(paths[k], set()).add(name)
+    paths: Iterable[bytes]
+    needles = [_INO.pack(i) for i in inodes]
+    if isinstance(cache, CacheView) and len(inodes) <= _SQL_INODES:
+        paths = cache.containing(needles)
+    elif len(inodes) <= _FEW_INODES:
+        paths = _containing(cache, needles)
+    else:
+        paths = list(cache)
+    for path in paths:
+        for name, sig in decode_sigs(cache[path].stat).items():
+            if sig[0] in inodes:  # a hit inside a time or a size is no name of it
+                out.setdefault(path, set()).add(name)
     return out
+
+
+def _containing(cache: Mapping[bytes, CachedDir], needles: list[bytes]) -> list[bytes]:
+    """The paths of the rows whose blob holds one of ``needles`` (all rows read)."""
+    paths = list(cache)
+    starts, at = [], 0
+    blobs = [cache[p].stat for p in paths]
+    for blob in blobs:
+        starts.append(at)
+        at += len(blob)
+    joined = b"".join(blobs)
+    hits: set[int] = set()
+    for needle in needles:
+        found = joined.find(needle)
+        while found >= 0:  # one across two rows decodes a row for nothing: no harm
+            hits.add(bisect.bisect_right(starts, found) - 1)
+            found = joined.find(needle, found + 1)
+    return [paths[k] for k in sorted(hits)]
 
 
 def load(catalog: Catalog) -> dict[bytes, CachedDir]:

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import sqlite3
+from typing import TYPE_CHECKING
 from unittest import mock
 
-from hypothesis import given, settings
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sprite_env.ids import ObjectId
 from sprite_env.snapshot import dircache
+from sprite_env.store import Store, open_store
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 _SCHEMA = (
     "CREATE TABLE dircache (path BLOB PRIMARY KEY, tree BLOB NOT NULL, stat BLOB NOT NULL,"
@@ -78,30 +84,40 @@ def test_a_rows_names_are_those_it_has_signatures_for(sigs: dict[bytes, dircache
         assert row.names() == frozenset(sigs)
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    rows=st.dictionaries(
+_ROWS = st.dictionaries(
+    st.binary(min_size=1, max_size=6),
+    st.dictionaries(
         st.binary(min_size=1, max_size=6),
-        st.dictionaries(
-            st.binary(min_size=1, max_size=6),
-            st.tuples(
-                st.integers(0, 40),  # few inodes: many rows share one
-                st.integers(-1, 2**40),
-                st.integers(0, 2**40),
-                st.integers(-1, 2**40),
-            ),
-            max_size=8,
+        st.tuples(
+            st.integers(0, 40),  # few inodes: many rows share one
+            st.integers(-1, 2**40),
+            st.integers(0, 2**40),
+            st.integers(-1, 2**40),
         ),
-        max_size=12,
+        max_size=8,
     ),
-    wanted=st.sets(st.integers(0, 45), max_size=40),
+    max_size=12,
 )
+
+
+@pytest.fixture(scope="module")
+def catalog_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    with open_store(str(tmp_path_factory.mktemp("names-of") / "store"), create=True) as s:
+        yield s
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(rows=_ROWS, wanted=st.sets(st.integers(0, 45), max_size=40))
 def test_names_of_finds_every_name_of_the_inodes_and_no_other(
-    rows: dict[bytes, dict[bytes, dircache.Sig]], wanted: set[int]
+    rows: dict[bytes, dict[bytes, dircache.Sig]], wanted: set[int], catalog_store: Store
 ) -> None:
-    """Both ways (a search of the rows' bytes for up to 32 inodes, a decode of every row
-    for more) give each name whose signature has one of the inodes, whatever bytes their
-    neighbours hold (an inode's 8 bytes may also occur inside a time or a size)."""
+    """Every way (SQLite's search of the catalog's rows for up to 4 inodes, a search of
+    the rows' bytes for up to 32, a decode of every row for more; on a plain mapping and
+    on the store's files cache read row by row) gives each name whose signature has one
+    of the inodes, whatever bytes their neighbours hold (an inode's 8 bytes may also occur
+    inside a time or a size, or across two rows)."""
     cache = {
         path: dircache.CachedDir(ObjectId(b"\0" * 32), dircache.encode_sigs(sigs))
         for path, sigs in rows.items()
@@ -112,3 +128,7 @@ def test_names_of_finds_every_name_of_the_inodes_and_no_other(
             if sig[0] in wanted:
                 want.setdefault(path, set()).add(name)
     assert dircache.names_of(cache, wanted) == want
+    with catalog_store.catalog.transaction() as db:
+        dircache.clear(db)
+        dircache.save(db, cache)
+    assert dircache.names_of(dircache.CacheView(catalog_store.catalog), wanted) == want
