@@ -2719,7 +2719,11 @@ def capture(
     tries = 0
     while hint is not None:
         if hint.inodes:
-            hint = _naming(hint, cache if cache is not None else {})
+            try:
+                hint = _naming(hint, cache if cache is not None else {})
+            except dircache.DamagedRows as e:
+                reason = str(e)  # a name may be in a row that is gone: walk everything
+                break
         try:
             sums: dict[bytes, PageSums] = {}
             r = capturer(hint=hint, page_sums_out=sums).run()

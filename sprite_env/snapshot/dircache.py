@@ -249,6 +249,8 @@ class CacheView(Mapping[bytes, CachedDir]):
         self._schema = catalog.schema_version()
         self._rows: dict[bytes, CachedDir | None] = {}
         self._all: dict[bytes, CachedDir] | None = None
+        #: rows this view found failing their checksum (dropped: see the module docstring)
+        self.dropped = 0
 
     def prefetch(self, paths: Iterable[bytes]) -> None:
         """Reads the rows of ``paths`` (those not read yet) in a few queries: a walk that
@@ -275,6 +277,7 @@ class CacheView(Mapping[bytes, CachedDir]):
         for path in asked:
             self._rows.setdefault(path, None)
         if bad:
+            self.dropped += len(bad)
             _drop(self._catalog, bad)
 
     def containing(self, needles: Collection[bytes]) -> list[bytes]:
@@ -306,7 +309,9 @@ class CacheView(Mapping[bytes, CachedDir]):
 
     def _load(self) -> dict[bytes, CachedDir]:
         if self._all is None:
-            self._all = load(self._catalog)
+            bad: list[bytes] = []
+            self._all = load(self._catalog, bad)
+            self.dropped += len(bad)
         return self._all
 
     def __iter__(self) -> Iterator[bytes]:
@@ -321,6 +326,10 @@ def names_of(cache: Mapping[bytes, CachedDir], inodes: AbstractSet[int]) -> dict
     signature has one of them (what the last capture found; an inode reused since only
     names one more entry to stat).
 
+    Raises:
+        DamagedRows: a row failed its checksum: the inodes may have a name there that
+            this cannot give (the caller walks everything instead).
+
     Only rows whose blob holds an inode's 8 bytes are decoded. In the medium layer's
     17k rows (6.7 MB of blobs, this VM): SQLite's search of a :class:`CacheView` for one
     inode 25 ms and about 19 ms more for each other (``_SQL_INODES`` at most); else every
@@ -330,6 +339,7 @@ def names_of(cache: Mapping[bytes, CachedDir], inodes: AbstractSet[int]) -> dict
     out: dict[bytes, set[bytes]] = {}
     if not inodes:
         return out
+    dropped = cache.dropped if isinstance(cache, CacheView) else 0
     paths: Iterable[bytes]
     needles = [_INO.pack(i) for i in inodes]
     if isinstance(cache, CacheView) and len(inodes) <= _SQL_INODES:
@@ -342,7 +352,14 @@ def names_of(cache: Mapping[bytes, CachedDir], inodes: AbstractSet[int]) -> dict
         for name, sig in decode_sigs(cache[path].stat).items():
             if sig[0] in inodes:  # a hit inside a time or a size is no name of it
                 out.setdefault(path, set()).add(name)
+    if isinstance(cache, CacheView) and cache.dropped != dropped:
+        n = cache.dropped - dropped
+        raise DamagedRows(f"{n} rows of the files cache failed their checksum")
     return out
+
+
+class DamagedRows(SpriteError):
+    """Rows of the files cache failed their checksum while a search needed them."""
 
 
 def _containing(cache: Mapping[bytes, CachedDir], needles: list[bytes]) -> list[bytes]:
@@ -363,9 +380,10 @@ def _containing(cache: Mapping[bytes, CachedDir], needles: list[bytes]) -> list[
     return [paths[k] for k in sorted(hits)]
 
 
-def load(catalog: Catalog) -> dict[bytes, CachedDir]:
+def load(catalog: Catalog, dropped: list[bytes] | None = None) -> dict[bytes, CachedDir]:
     """Reads the whole cache (one query: cheaper than one lookup per directory), without
-    the rows whose checksum fails (see the module docstring)."""
+    the rows whose checksum fails (see the module docstring; their paths are added to
+    ``dropped``)."""
     out: dict[bytes, CachedDir] = {}
     bad: list[tuple[bytes, int]] = []
     for p, t, s, total in _rows(catalog):
@@ -375,6 +393,8 @@ def load(catalog: Catalog) -> dict[bytes, CachedDir]:
         else:
             bad.append((path, total))
     if bad:
+        if dropped is not None:
+            dropped.extend(p for p, _ in bad)
         _drop(catalog, bad)
     return out
 

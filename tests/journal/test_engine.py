@@ -23,7 +23,7 @@ from sprite_env.store.check import check
 from tests.helpers.daemon import write_file
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 
 def _tree(layer: str) -> None:
@@ -267,3 +267,30 @@ def test_a_link_from_outside_the_layer_keeps_the_journal_through_the_engine(
         with open(f"{layer}/a/b/f2", "rb") as f:
             assert f.read() == b"2" * 100
         assert check(e.store, read_data=True).ok
+
+
+def test_a_damaged_row_where_a_linked_file_is_named_makes_the_walk_full(
+    layer: str, tmp_path: os.PathLike[str], expect_log: Callable[[str], None]
+) -> None:
+    """The row that holds the linked file's name fails its checksum when the search finds
+    it: the file's names cannot all be given, so the walk is full, says why, and is exact."""
+    _tree(layer)
+    outside = os.path.join(os.path.dirname(layer), "outside")
+    os.makedirs(outside, exist_ok=True)
+    store = os.path.join(os.fspath(tmp_path), "store")
+    with Engine(layer, store) as e, Journal(layer) as j:
+        e.journal = j
+        e.create("before")
+        time.sleep(0.06)
+        os.link(f"{layer}/a/b/f1", f"{outside}/f1")
+        with open(f"{outside}/f1", "ab") as f:
+            f.write(b"through the other name")
+        with contextlib.closing(sqlite3.connect(os.path.join(store, "catalog.db"))) as db:
+            db.execute("UPDATE dircache SET sum = sum + 1 WHERE path = ?", (b"a/b",))
+            db.commit()
+        time.sleep(0.06)
+        expect_log(r"1 rows failed their checksum and were dropped \(first b'a/b'\)")
+        cp = e.create("linked")
+        assert cp.walk == "full"
+        assert "failed their checksum" in cp.walk_reason
+        assert cp.top_tree == _truth(e)
