@@ -234,6 +234,25 @@ def _entry(h: Harness, r: CaptureResult, rel: bytes) -> tuple[int, int]:
     return entry.mtime_ns, entry.nlink
 
 
+def _link_and_write_through(
+    h: Harness, first: str, second: str, rel: bytes, *, poll: bool = False
+) -> None:
+    """Links ``first`` (``rel`` in the layer) as ``second``; a journal walk captures the
+    group exactly; then a write through ``second`` only, captured exactly too."""
+    assert h.journal is not None
+    os.link(first, second)
+    if poll:
+        h.journal.poll()
+    time.sleep(0.06)
+    r = h.capture()
+    _check(h, r)
+    assert _entry(h, r, rel)[1] == 2
+    with open(second, "ab") as f:
+        f.write(b"through the second name\n")
+    time.sleep(0.06)
+    _check(h, h.capture())
+
+
 def test_a_link_made_outside_the_layer_keeps_the_journal(layer: str, harness_for: Any) -> None:
     """A link made to a layer file from outside the layer (a package manager's store, a
     cache elsewhere on the disk), and writes through that name only: no event names the
@@ -245,15 +264,8 @@ def test_a_link_made_outside_the_layer_keeps_the_journal(layer: str, harness_for
     outside = os.path.join(os.path.dirname(layer), "outside")
     os.mkdir(outside)
     try:
-        os.link(os.path.join(wide, "f070"), os.path.join(outside, "store-copy"))
-        time.sleep(0.06)
-        r = h.capture()
-        _check(h, r)
-        assert _entry(h, r, b"deep/er/wide/f070")[1] == 2
-        with open(os.path.join(outside, "store-copy"), "ab") as f:
-            f.write(b"written outside the layer\n")
-        time.sleep(0.06)
-        _check(h, h.capture())
+        second = os.path.join(outside, "store-copy")
+        _link_and_write_through(h, os.path.join(wide, "f070"), second, b"deep/er/wide/f070")
         os.unlink(os.path.join(outside, "store-copy"))
         time.sleep(0.06)
         r = h.capture()
@@ -335,15 +347,7 @@ def test_a_link_made_then_its_first_name_removed_keeps_the_journal(
         # the same with the second name still there at the capture: a new group, whose
         # first name the files cache has (the journal gives the inode), then a write
         # through the second name only
-        os.link(os.path.join(objects, "o0"), os.path.join(wide, "again"))
-        h.journal.poll()
-        time.sleep(0.06)
-        r = h.capture()
-        _check(h, r)
-        assert _entry(h, r, b"other/objects/o0")[1] == 2
-        with open(os.path.join(wide, "again"), "ab") as f:
-            f.write(b"through the second name\n")
-        time.sleep(0.06)
-        _check(h, h.capture())
+        first, second = os.path.join(objects, "o0"), os.path.join(wide, "again")
+        _link_and_write_through(h, first, second, b"other/objects/o0", poll=True)
     finally:
         h.journal.close()
