@@ -2702,12 +2702,13 @@ def capture(
         write, and which walk it took (``walk``, ``walk_reason``) with the memo for the
         next hint.
     """
+    rows = cache if cache is not None else {}  # not ``or``: a view's len reads all
     capturer = functools.partial(
         Capturer,
         os.fsencode(root),
         sink,
         read_tree,
-        cache if cache is not None else {},  # not ``or``: a view's len reads all
+        rows,
         excludes=excludes,
         progress=progress,
         reread=reread,
@@ -2720,7 +2721,7 @@ def capture(
     while hint is not None:
         if hint.inodes:
             try:
-                hint = _naming(hint, cache if cache is not None else {})
+                hint = _naming(hint, rows)
             except dircache.DamagedRows as e:
                 reason = str(e)  # a name may be in a row that is gone: walk everything
                 break

@@ -29,7 +29,6 @@ directory afresh; a row written before schema 4 has ``NULL`` and loads as before
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import logging
 import struct
@@ -61,12 +60,10 @@ if TYPE_CHECKING:
 RACY_NS = 50_000_000
 _ROW = struct.Struct("<HQqQq")
 _INO = struct.Struct("<Q")
-#: Up to this many inodes :func:`names_of` has SQLite search a view's rows (25 ms for
-#: one in the medium layer's, about 19 ms more for each other) ...
+#: Up to this many inodes :func:`names_of` has SQLite search a view's rows (21-29 ms for
+#: one in the medium layer's, about 19 ms more for each other) rather than load and
+#: decode every row (0.16-0.32 s).
 _SQL_INODES = 4
-#: ... and up to this many it searches their bytes itself (3 ms an inode, once they are
-#: loaded) rather than decoding every row (about 90 ms).
-_FEW_INODES = 32
 _SUM_HEAD = struct.Struct("<III")
 #: Paths per ``IN (...)`` query of :meth:`CacheView.prefetch` (SQLite allows 32,766).
 _BATCH = 500
@@ -330,22 +327,18 @@ def names_of(cache: Mapping[bytes, CachedDir], inodes: AbstractSet[int]) -> dict
         DamagedRows: a row failed its checksum: the inodes may have a name there that
             this cannot give (the caller walks everything instead).
 
-    Only rows whose blob holds an inode's 8 bytes are decoded. In the medium layer's
-    17k rows (6.7 MB of blobs, this VM): SQLite's search of a :class:`CacheView` for one
-    inode 25 ms and about 19 ms more for each other (``_SQL_INODES`` at most); else every
-    row is loaded (77-93 ms), their blobs joined (10-13 ms) and searched, 3 ms an inode
-    (``_FEW_INODES`` at most); for more, every row is decoded (77-105 ms).
+    In the medium layer's 17k rows (6.7 MB of blobs, this VM): for up to
+    ``_SQL_INODES``, SQLite searches a :class:`CacheView`'s blobs for each inode's 8 bytes
+    and only the rows found are decoded (21-29 ms for one inode, about 19 ms more for
+    each other); else every row is loaded and decoded (0.16-0.32 s for 16 to 200 inodes).
     """
     out: dict[bytes, set[bytes]] = {}
     if not inodes:
         return out
     dropped = cache.dropped if isinstance(cache, CacheView) else 0
     paths: Iterable[bytes]
-    needles = [_INO.pack(i) for i in inodes]
     if isinstance(cache, CacheView) and len(inodes) <= _SQL_INODES:
-        paths = cache.containing(needles)
-    elif len(inodes) <= _FEW_INODES:
-        paths = _containing(cache, needles)
+        paths = cache.containing([_INO.pack(i) for i in inodes])
     else:
         paths = list(cache)
     for path in paths:
@@ -360,24 +353,6 @@ def names_of(cache: Mapping[bytes, CachedDir], inodes: AbstractSet[int]) -> dict
 
 class DamagedRows(SpriteError):
     """Rows of the files cache failed their checksum while a search needed them."""
-
-
-def _containing(cache: Mapping[bytes, CachedDir], needles: list[bytes]) -> list[bytes]:
-    """The paths of the rows whose blob holds one of ``needles`` (all rows read)."""
-    paths = list(cache)
-    starts, at = [], 0
-    blobs = [cache[p].stat for p in paths]
-    for blob in blobs:
-        starts.append(at)
-        at += len(blob)
-    joined = b"".join(blobs)
-    hits: set[int] = set()
-    for needle in needles:
-        found = joined.find(needle)
-        while found >= 0:  # one across two rows decodes a row for nothing: no harm
-            hits.add(bisect.bisect_right(starts, found) - 1)
-            found = joined.find(needle, found + 1)
-    return [paths[k] for k in sorted(hits)]
 
 
 def load(catalog: Catalog, dropped: list[bytes] | None = None) -> dict[bytes, CachedDir]:

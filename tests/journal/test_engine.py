@@ -242,6 +242,17 @@ def test_after_a_restore_the_counts_are_the_layers(layer: str, tmp_path: os.Path
         _counts(e, after)
 
 
+def _link_from_outside(layer: str, rel: str) -> None:
+    """Links the layer file ``rel`` from a directory beside the layer (the same file
+    system) and writes through that name only."""
+    outside = os.path.join(os.path.dirname(layer), "outside")
+    os.makedirs(outside, exist_ok=True)
+    second = os.path.join(outside, os.path.basename(rel))
+    os.link(os.path.join(layer, rel), second)
+    with open(second, "ab") as f:
+        f.write(b"through the other name")
+
+
 def test_a_link_from_outside_the_layer_keeps_the_journal_through_the_engine(
     layer: str, tmp_path: os.PathLike[str]
 ) -> None:
@@ -250,15 +261,11 @@ def test_a_link_from_outside_the_layer_keeps_the_journal_through_the_engine(
     that name only is captured exactly, by a journal walk; the restore of the checkpoint
     before gives back the old bytes, and the store checks whole."""
     _tree(layer)
-    outside = os.path.join(os.path.dirname(layer), "outside")
-    os.makedirs(outside, exist_ok=True)
     with Engine(layer, os.path.join(os.fspath(tmp_path), "store")) as e, Journal(layer) as j:
         e.journal = j
         e.create("before")  # the journal's first walk: full
         time.sleep(0.06)
-        os.link(f"{layer}/a/b/f2", f"{outside}/f2")
-        with open(f"{outside}/f2", "ab") as f:
-            f.write(b"through the other name")
+        _link_from_outside(layer, "a/b/f2")
         time.sleep(0.06)
         cp = e.create("linked")
         assert (cp.walk, cp.walk_reason) == ("journal", "")
@@ -275,16 +282,12 @@ def test_a_damaged_row_where_a_linked_file_is_named_makes_the_walk_full(
     """The row that holds the linked file's name fails its checksum when the search finds
     it: the file's names cannot all be given, so the walk is full, says why, and is exact."""
     _tree(layer)
-    outside = os.path.join(os.path.dirname(layer), "outside")
-    os.makedirs(outside, exist_ok=True)
     store = os.path.join(os.fspath(tmp_path), "store")
     with Engine(layer, store) as e, Journal(layer) as j:
         e.journal = j
         e.create("before")
         time.sleep(0.06)
-        os.link(f"{layer}/a/b/f1", f"{outside}/f1")
-        with open(f"{outside}/f1", "ab") as f:
-            f.write(b"through the other name")
+        _link_from_outside(layer, "a/b/f1")
         with contextlib.closing(sqlite3.connect(os.path.join(store, "catalog.db"))) as db:
             db.execute("UPDATE dircache SET sum = sum + 1 WHERE path = ?", (b"a/b",))
             db.commit()

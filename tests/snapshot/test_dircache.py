@@ -113,11 +113,10 @@ def catalog_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
 def test_names_of_finds_every_name_of_the_inodes_and_no_other(
     rows: dict[bytes, dict[bytes, dircache.Sig]], wanted: set[int], catalog_store: Store
 ) -> None:
-    """Every way (SQLite's search of the catalog's rows for up to 4 inodes, a search of
-    the rows' bytes for up to 32, a decode of every row for more; on a plain mapping and
-    on the store's files cache read row by row) gives each name whose signature has one
-    of the inodes, whatever bytes their neighbours hold (an inode's 8 bytes may also occur
-    inside a time or a size, or across two rows)."""
+    """Both ways (SQLite's search of the catalog's rows for up to 4 inodes, a decode of
+    every row for more; on a plain mapping and on the store's files cache read row by
+    row) give each name whose signature has one of the inodes, whatever bytes their
+    neighbours hold (an inode's 8 bytes may also occur inside a time or a size)."""
     cache = {
         path: dircache.CachedDir(ObjectId(b"\0" * 32), dircache.encode_sigs(sigs))
         for path, sigs in rows.items()
