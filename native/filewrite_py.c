@@ -7,8 +7,13 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "filewrite.h"
 
@@ -223,7 +228,116 @@ out:
     return result;
 }
 
+/* An item of touch_captured(): what the capture saw, and the mtime to set. */
+struct touch {
+    const char *name;
+    unsigned int mode;
+    unsigned int uid, gid;
+    unsigned long long nlink;
+    long long mtime_ns, size, new_ns;
+    int done;
+};
+
+/* Floor division, as os.utime splits a negative time (before 1970). */
+static struct timespec ns_to_timespec(long long ns)
+{
+    long long sec = ns / 1000000000LL, rem = ns % 1000000000LL;
+    if (rem < 0) {
+        sec -= 1;
+        rem += 1000000000LL;
+    }
+    return (struct timespec){.tv_sec = (time_t)sec, .tv_nsec = (long)rem};
+}
+
+static void touch_one(int dirfd, struct touch *t)
+{
+    /* The very inode the capture saw, reached through a descriptor (never by name: a link
+     * to a file outside the layer planted meanwhile would get the checkpoint's times). */
+    int fd = openat(dirfd, t->name, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        return;
+    }
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (unsigned int)st.st_mode == t->mode &&
+        st.st_uid == t->uid && st.st_gid == t->gid && (unsigned long long)st.st_nlink == t->nlink &&
+        (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec == t->mtime_ns &&
+        (long long)st.st_size == t->size) {
+        struct timespec times[2] = {ns_to_timespec(t->new_ns), ns_to_timespec(t->new_ns)};
+        t->done = futimens(fd, times) == 0;
+    }
+    close(fd);
+}
+
+PyDoc_STRVAR(touch_captured_doc,
+"touch_captured(dirfd, items, /) -> list[int]\n--\n\n"
+"Sets back the mtime of files whose only change is their mtime. Each of items is (name,\n"
+"mode, uid, gid, nlink, mtime_ns, size, new_mtime_ns): the regular file name in the\n"
+"directory open at dirfd is opened (O_RDONLY | O_NONBLOCK | O_NOFOLLOW) and, if its fstat\n"
+"shows exactly that st_mode (type and permission bits), owner, group, link count, mtime and\n"
+"size, its atime and mtime are set to new_mtime_ns through that descriptor. The GIL is\n"
+"released for the whole batch. Returns the indices of the items left as they were (another\n"
+"inode, or an error): the caller decides each of those on its own. Raises ValueError for a\n"
+"name that is not bytes without NUL or a slash.");
+
+static PyObject *native_touch_captured(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int dirfd;
+    PyObject *items;
+    if (!PyArg_ParseTuple(args, "iO!:touch_captured", &dirfd, &PyList_Type, &items)) {
+        return NULL;
+    }
+    /* a copy: the names' bytes stay alive, and unchanged, while the GIL is out */
+    PyObject *own = PyList_GetSlice(items, 0, PyList_GET_SIZE(items));
+    if (own == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(own);
+    PyObject *result = NULL;
+    struct touch *ts = calloc(n > 0 ? (size_t)n : 1u, sizeof *ts);
+    if (ts == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        struct touch *t = &ts[i];
+        Py_ssize_t nlen = 0;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(own, i), "y#IIIKLLL:touch_captured", &t->name,
+                              &nlen, &t->mode, &t->uid, &t->gid, &t->nlink, &t->mtime_ns,
+                              &t->size, &t->new_ns)) {
+            goto out;
+        }
+        if (nlen == 0 || strlen(t->name) != (size_t)nlen || memchr(t->name, '/', (size_t)nlen)) {
+            PyErr_SetString(PyExc_ValueError, "a name must be bytes without NUL or slash");
+            goto out;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        touch_one(dirfd, &ts[i]);
+    }
+    Py_END_ALLOW_THREADS
+    result = PyList_New(0);
+    for (Py_ssize_t i = 0; result != NULL && i < n; i++) {
+        if (ts[i].done) {
+            continue;
+        }
+        PyObject *v = PyLong_FromSsize_t(i);
+        if (v == NULL || PyList_Append(result, v) != 0) {
+            Py_XDECREF(v);
+            Py_CLEAR(result);
+            break;
+        }
+        Py_DECREF(v);
+    }
+out:
+    free(ts);
+    Py_DECREF(own);
+    return result;
+}
+
 static PyMethodDef filewrite_methods[] = {
+    {"touch_captured", native_touch_captured, METH_VARARGS, touch_captured_doc},
     {"write_files", (PyCFunction)(void (*)(void))native_write_files, METH_VARARGS | METH_KEYWORDS,
      write_files_doc},
     {NULL, NULL, 0, NULL},

@@ -168,6 +168,23 @@ def tree_splice(old_tree: Buffer, blob: Buffer, added: list[bytes], /) -> bytes:
             names a child the blob does not (or is out of order).
     """
 
+def touch_captured(
+    dirfd: int, items: list[tuple[bytes, int, int, int, int, int, int, int]], /
+) -> list[int]:
+    """Sets back the mtime of files whose only change is their mtime: each of ``items``,
+    ``(name, st_mode, uid, gid, nlink, mtime_ns, size, new_mtime_ns)``, is opened in the
+    directory open at ``dirfd`` (``O_RDONLY | O_NONBLOCK | O_NOFOLLOW``) and, if its
+    ``fstat`` shows exactly that ``st_mode`` (type and permission bits), owner, group, link
+    count, mtime and size, gets atime and mtime ``new_mtime_ns`` through that descriptor.
+    The GIL is released for the whole batch (filewrite_py.c).
+
+    Returns:
+        The indices of the items left as they were (another inode, or an error).
+
+    Raises:
+        ValueError: a name that is not bytes without NUL or slash.
+    """
+
 def write_files(
     files: list[tuple[int, bytes, int, int, int, int, bytes]],
     objects: dict[bytes, bytes],

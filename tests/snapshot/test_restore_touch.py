@@ -1,0 +1,172 @@
+"""Files whose only change is their mtime (git freshening its objects) get it back in one
+native call per directory (``touch_captured``, ``Restorer._touch``), through a descriptor
+of the very inode the capture saw; anything else is left to ``_fix_meta``, which decides
+each on its own (a planted hard link keeps its own metadata, issue 15)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from sprite_env.checkpoints import Engine
+from sprite_env.snapshot import restore as restore_mod
+from sprite_env.store.check import check
+from tests.helpers import trees
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+pytestmark = pytest.mark.skipif(
+    restore_mod._touch_captured is None, reason="built without touch_captured"
+)
+
+NEW_NS = 2_000_000_000_123_456_789
+OLD_NS = 1_000_000_000_987_654_321
+
+
+def _item(path: str, name: bytes, new_ns: int) -> tuple[bytes, int, int, int, int, int, int, int]:
+    st = os.lstat(path)
+    return (name, st.st_mode, st.st_uid, st.st_gid, st.st_nlink, st.st_mtime_ns, st.st_size, new_ns)
+
+
+def test_touch_captured_sets_only_the_inode_it_was_told_of(tmp_path: os.PathLike[str]) -> None:
+    d = os.fspath(tmp_path)
+    j = os.path.join
+    for n in ("same", "mode", "size", "owner", "links", "gone", "sym-target"):
+        with open(j(d, n), "wb") as f:
+            f.write(b"x" * 10)
+    items = [_item(j(d, n), n.encode(), NEW_NS) for n in ("same", "mode", "size", "links", "gone")]
+    os.chmod(j(d, "mode"), 0o600)  # each of these is no longer what was captured
+    with open(j(d, "size"), "ab") as f:
+        f.write(b"y")
+    os.link(j(d, "links"), j(d, "links2"))
+    os.unlink(j(d, "gone"))
+    os.symlink("sym-target", j(d, "sym"))
+    os.mkfifo(j(d, "fifo"))
+    os.mkdir(j(d, "dir"))
+    target = os.lstat(j(d, "sym-target"))
+    # a symlink (not followed), a FIFO and a directory are no regular file
+    items += [
+        (b"sym", stat.S_IFREG | 0o644, 0, 0, 1, target.st_mtime_ns, 10, NEW_NS),
+        _item(j(d, "fifo"), b"fifo", NEW_NS),
+        _item(j(d, "dir"), b"dir", NEW_NS),
+    ]
+    if os.geteuid() == 0:
+        items.append(_item(j(d, "owner"), b"owner", NEW_NS))
+        os.chown(j(d, "owner"), 1000, 1000)
+    before = {n: os.lstat(j(d, n)) for n in os.listdir(d)}
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        left = restore_mod._touch_captured(fd, items)
+    finally:
+        os.close(fd)
+    assert left == list(range(1, len(items)))
+    st = os.lstat(j(d, "same"))
+    assert (st.st_mtime_ns, st.st_atime_ns) == (NEW_NS, NEW_NS)
+    for n, old in before.items():
+        if n != "same":
+            assert os.lstat(j(d, n)).st_mtime_ns == old.st_mtime_ns, n
+    assert os.stat(j(d, "sym-target")).st_mtime_ns == target.st_mtime_ns
+
+
+def test_touch_captured_refuses_a_path(tmp_path: os.PathLike[str]) -> None:
+    fd = os.open(os.fspath(tmp_path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for bad in (b"a/b", b"a\0b", b""):
+            with pytest.raises(ValueError, match="without NUL or slash"):
+                restore_mod._touch_captured(fd, [(bad, stat.S_IFREG | 0o644, 0, 0, 1, 0, 0, 0)])
+        assert restore_mod._touch_captured(fd, []) == []
+    finally:
+        os.close(fd)
+
+
+def _count_fix_meta(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    calls: list[bytes] = []
+    real = restore_mod.Restorer._fix_meta
+
+    def fix_meta(self: restore_mod.Restorer, fd: int, name: bytes, *a: Any) -> None:
+        calls.append(name)
+        real(self, fd, name, *a)
+
+    monkeypatch.setattr(restore_mod.Restorer, "_fix_meta", fix_meta)
+    return calls
+
+
+def test_an_undo_of_freshened_files_touches_them_in_one_call(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The undo of a step that only freshened files (as ``git`` does its objects): every
+    mtime comes back, exact, with no file through ``_fix_meta``; a mode change still goes
+    there."""
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    spec: trees.Spec = {
+        **{f"objects/{i % 4:02x}/obj{i}": trees.File(b"object %d" % i) for i in range(24)},
+        "etc/key": trees.File(b"secret\n", mode=0o600),
+    }
+    trees.build_tree(root, spec)
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        e.create("c0")
+        before = trees.snapshot_tree(root)
+        for i in range(24):
+            os.utime(os.path.join(root, f"objects/{i % 4:02x}/obj{i}"), ns=(NEW_NS, NEW_NS))
+        os.chmod(os.path.join(root, "etc/key"), 0o644)
+        calls = _count_fix_meta(monkeypatch)
+        rep = e.restore("v0")
+        trees.assert_trees_equal(before, root)
+        assert calls == [b"key"]
+        assert rep.stats.meta == 24 + 1
+        assert check(e.store, read_data=True).ok
+
+
+def _plant_when_restore_starts(
+    monkeypatch: pytest.MonkeyPatch, engine: Engine, plant: Callable[[], None]
+) -> None:
+    """Runs ``plant`` after the live layer was captured and the restore checked, just
+    before it writes (as ``tests/checkpoints/test_restore_hardlink_race.py``)."""
+    original = engine._write_intent
+
+    def write_intent(intent: dict[str, Any]) -> None:
+        original(intent)
+        plant()
+
+    monkeypatch.setattr(engine, "_write_intent", write_intent)
+
+
+def test_a_hard_link_planted_over_a_freshened_file_keeps_its_own_times(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file whose only change was its mtime, replaced by a hard link to a file outside the
+    layer after the check: the native call leaves it (another inode: two links), and
+    ``_fix_meta`` writes the checkpoint's file anew; the outside file keeps its times."""
+    base = os.fspath(tmp_path)
+    root, outside = os.path.join(base, "layer"), os.path.join(base, "outside")
+    os.makedirs(outside)
+    secret = os.path.join(outside, "secret")
+    with open(secret, "wb") as f:
+        f.write(b"object 0")  # the same bytes and size
+    os.utime(secret, ns=(OLD_NS, OLD_NS))
+    trees.build_tree(root, {f"objects/obj{i}": trees.File(b"object %d" % i) for i in range(5)})
+    name = os.path.join(root, "objects", "obj0")
+    with Engine(root, os.path.join(base, "store")) as e:
+        e.create("c0")
+        before = trees.snapshot_tree(root)
+        for i in range(5):
+            os.utime(os.path.join(root, f"objects/obj{i}"), ns=(NEW_NS, NEW_NS))
+
+        def plant() -> None:
+            os.unlink(name)
+            os.link(secret, name)
+            os.utime(secret, ns=(NEW_NS, NEW_NS))  # what the capture saw, but for the links
+
+        _plant_when_restore_starts(monkeypatch, e, plant)
+        calls = _count_fix_meta(monkeypatch)
+        e.restore("v0")
+        assert calls == [b"obj0"]
+        trees.assert_trees_equal(before, root)
+    st = os.stat(secret)
+    assert st.st_mtime_ns == NEW_NS  # untouched by the restore
+    assert st.st_nlink == 1
+    assert os.lstat(name).st_ino != st.st_ino
