@@ -208,6 +208,10 @@ class Restorer:
             live = top_entry(self.read_tree, live_top) if live_top is not None else None
             if live is None or live.subtree != target.subtree:
                 self._sync_dir(self._root_fd, b"", live.subtree if live else None, target.subtree)
+            # Writeback started while the last writes land: the flush below then has less
+            # left to do. Its error, if any, is this restore's too (a syncfs reports a
+            # write-back error once per descriptor: the one below could miss it).
+            early = self._unlinkers.submit(syncfs, self._root_fd)
             self._land()
             if (
                 live is None
@@ -226,6 +230,7 @@ class Restorer:
                 if self.refresh_cache:
                     self._refresh_cache(written_ns)
             finally:
+                early.result()
                 synced.result()
         finally:
             self._writers.shutdown(wait=True, cancel_futures=True)
