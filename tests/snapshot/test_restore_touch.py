@@ -1,7 +1,9 @@
-"""Files whose only change is their mtime (git freshening its objects) get it back in one
-native call per directory (``touch_captured``, ``Restorer._touch``), through a descriptor
-of the very inode the capture saw; anything else is left to ``_fix_meta``, which decides
-each on its own (a planted hard link keeps its own metadata, issue 15)."""
+"""What a restore does where its writes are cheap: files whose only change is their mtime
+(git freshening its objects) get it back in one native call per directory
+(``touch_captured``, ``Restorer._touch``), through a descriptor of the very inode the
+capture saw, anything else left to ``_fix_meta``, which decides each on its own (a planted
+hard link keeps its own metadata, issue 15); and its flush, begun while the last writes
+land, fails the restore wherever a write-back error is reported."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from sprite_env.checkpoints import Engine
+from sprite_env.checkpoints.engine import RestoreFailed
 from sprite_env.snapshot import restore as restore_mod
 from sprite_env.store.check import check
 from tests.helpers import trees
@@ -170,3 +173,32 @@ def test_a_hard_link_planted_over_a_freshened_file_keeps_its_own_times(
     assert st.st_mtime_ns == NEW_NS  # untouched by the restore
     assert st.st_nlink == 1
     assert os.lstat(name).st_ino != st.st_ino
+
+
+@pytest.mark.parametrize("failing", [1, 2])
+def test_a_flush_that_fails_fails_the_restore(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch, failing: int
+) -> None:
+    """A restore flushes twice (the first while its last writes land): a write-back error
+    reported to either fails it, recorded as a failed restore (a ``syncfs`` reports an
+    error once per descriptor, so the second may never see what the first reported)."""
+    root = os.path.join(os.fspath(tmp_path), "layer")
+    trees.build_tree(root, {"a": trees.File(b"a"), "d/b": trees.File(b"b")})
+    calls: list[int] = []
+
+    def syncfs(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == failing:
+            raise OSError(5, "Input/output error")
+
+    with Engine(root, os.path.join(os.fspath(tmp_path), "store")) as e:
+        e.create("c0")
+        with open(os.path.join(root, "d/b"), "wb") as f:
+            f.write(b"changed")
+        monkeypatch.setattr(restore_mod, "syncfs", syncfs)
+        with pytest.raises(RestoreFailed, match="Input/output error"):
+            e.restore("v0")
+        assert len(calls) == 2
+        intent = e.pending_restore()
+        assert intent is not None
+        assert "Input/output error" in intent["failed"]["error"]
