@@ -4,31 +4,14 @@ point 6: 15 of 15 audit rounds changed an outside file's mode and mtime)."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from sprite_env.checkpoints import Engine
 from tests.helpers.daemon import write_file
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
+from tests.helpers.races import when_restore_starts
 
 OLD_NS = 1_000_000_000_123_456_789
-
-
-def _plant_when_restore_starts(
-    monkeypatch: pytest.MonkeyPatch, engine: Engine, plant: Callable[[], None]
-) -> None:
-    """Runs ``plant`` at the instant the race needs: after the live layer was captured (the
-    undo checkpoint) and the restore was checked, just before it writes."""
-    original = engine._write_intent
-
-    def write_intent(intent: dict[str, Any]) -> None:
-        original(intent)
-        plant()
-
-    monkeypatch.setattr(engine, "_write_intent", write_intent)
 
 
 @pytest.mark.parametrize("kind", ["file", "fifo"])
@@ -56,7 +39,7 @@ def test_a_planted_hard_link_keeps_its_own_metadata(
             os.unlink(name)
             os.link(secret, name)
 
-        _plant_when_restore_starts(monkeypatch, engine, plant)
+        when_restore_starts(monkeypatch, engine, plant)
         engine.restore("v0")
 
     st = os.stat(secret)

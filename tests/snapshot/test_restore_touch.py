@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
@@ -18,9 +18,7 @@ from sprite_env.checkpoints.engine import RestoreFailed
 from sprite_env.snapshot import restore as restore_mod
 from sprite_env.store.check import check
 from tests.helpers import trees
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
+from tests.helpers.races import when_restore_starts
 
 pytestmark = pytest.mark.skipif(
     restore_mod._touch_captured is None, reason="built without touch_captured"
@@ -124,20 +122,6 @@ def test_an_undo_of_freshened_files_touches_them_in_one_call(
         assert check(e.store, read_data=True).ok
 
 
-def _plant_when_restore_starts(
-    monkeypatch: pytest.MonkeyPatch, engine: Engine, plant: Callable[[], None]
-) -> None:
-    """Runs ``plant`` after the live layer was captured and the restore checked, just
-    before it writes (as ``tests/checkpoints/test_restore_hardlink_race.py``)."""
-    original = engine._write_intent
-
-    def write_intent(intent: dict[str, Any]) -> None:
-        original(intent)
-        plant()
-
-    monkeypatch.setattr(engine, "_write_intent", write_intent)
-
-
 def test_a_hard_link_planted_over_a_freshened_file_keeps_its_own_times(
     tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -164,7 +148,7 @@ def test_a_hard_link_planted_over_a_freshened_file_keeps_its_own_times(
             os.link(secret, name)
             os.utime(secret, ns=(NEW_NS, NEW_NS))  # what the capture saw, but for the links
 
-        _plant_when_restore_starts(monkeypatch, e, plant)
+        when_restore_starts(monkeypatch, e, plant)
         calls = _count_fix_meta(monkeypatch)
         e.restore("v0")
         assert calls == [b"obj0"]
