@@ -139,6 +139,22 @@ def _counting(tmp_path: Any) -> tuple[subprocess.Popen[bytes], Any]:
     return proc, counter
 
 
+def _settled(counter: Any, timeout: float = 10.0) -> str:
+    """The count of a loop just frozen, once it stops moving: the loop's ``mv`` forked just
+    before the freeze is outside the frozen cgroup (a child joins its parent's cgroup when
+    it is forked), so it may still rename one more count into place (a fresh-clone CI run
+    read 1, then 2, while frozen)."""
+    deadline = time.monotonic() + timeout
+    last = counter.read_text()
+    while True:
+        time.sleep(0.1)
+        now = counter.read_text()
+        if now == last:
+            return str(now)
+        assert time.monotonic() < deadline, f"still counting {timeout:g} s into its freeze"
+        last = now
+
+
 def _until_counting_past(counter: Any, before: str, timeout: float = 10.0) -> None:
     """Waits until the loop has counted past ``before`` (it runs, thawed)."""
     deadline = time.monotonic() + timeout
@@ -192,7 +208,7 @@ def test_a_live_daemons_freeze_is_not_thawed(tmp_path: Any, expect_log: Any) -> 
     proc, counter = _counting(tmp_path)
     try:
         with freeze.frozen(lambda: [proc.pid]):
-            before = counter.read_text()
+            before = _settled(counter)
             assert proc.pid not in freeze.thaw_leftovers()
             time.sleep(0.2)
             assert counter.read_text() == before  # still frozen
