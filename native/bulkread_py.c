@@ -19,6 +19,7 @@
 
 #include "bulkread.h"
 #include "fastcdc.h"
+#include "nstime.h"
 
 /* True if b is bytes that can be passed to the kernel as a name (no NUL inside it). */
 static int is_c_name(PyObject *b)
@@ -433,14 +434,7 @@ static PyObject *native_set_mtime(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "iL:set_mtime", &fd, &ns)) {
         return NULL;
     }
-    /* floor division, as os.utime splits a negative time (before 1970) */
-    long long sec = ns / 1000000000LL, rem = ns % 1000000000LL;
-    if (rem < 0) {
-        sec -= 1;
-        rem += 1000000000LL;
-    }
-    struct timespec times[2] = {{.tv_sec = (time_t)sec, .tv_nsec = (long)rem},
-                                {.tv_sec = (time_t)sec, .tv_nsec = (long)rem}};
+    struct timespec times[2] = {nstime_split(ns), nstime_split(ns)};
     if (futimens(fd, times) != 0) {
         return PyErr_SetFromErrno(PyExc_OSError);
     }

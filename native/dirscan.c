@@ -15,6 +15,7 @@
  */
 #define _GNU_SOURCE
 #include "dirscan.h"
+#include "nstime.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -66,11 +67,6 @@ static int reserve(uint8_t **buf, size_t *cap, size_t need)
     *buf = p;
     *cap = n;
     return 0;
-}
-
-static int64_t ns_of(struct timespec ts)
-{
-    return (int64_t)ts.tv_sec * 1000000000 + (int64_t)ts.tv_nsec;
 }
 
 int dirscan_open(int dirfd, struct dirscan_list *l)
@@ -174,7 +170,7 @@ int dirscan_stat(int dirfd, struct dirscan_list *l, int64_t now_ns, int64_t racy
         if (names[i].len > 0xffffu) {
             return -ENAMETOOLONG;
         }
-        int64_t mtime = ns_of(st.st_mtim), ctime = ns_of(st.st_ctim);
+        int64_t mtime = nstime_of(st.st_mtim), ctime = nstime_of(st.st_ctim);
         int racy = mtime >= limit || ctime >= limit;
         if (racy) {
             /* A poisoned row would compare equal to the poisoned row cached last time

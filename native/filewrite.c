@@ -3,6 +3,7 @@
  */
 #define _GNU_SOURCE
 #include "filewrite.h"
+#include "nstime.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -94,14 +95,7 @@ int fw_write(struct fw_file *f)
     if (f->chmod && fchmod(fd, (mode_t)f->mode) != 0) {
         return fail(f, fd, FW_CHMOD, errno);
     }
-    struct timespec ts[2];
-    ts[0].tv_sec = (time_t)(f->mtime_ns / 1000000000);
-    ts[0].tv_nsec = (long)(f->mtime_ns % 1000000000);
-    if (ts[0].tv_nsec < 0) { /* before 1970: floor, as Python's os.utime(ns=...) does */
-        ts[0].tv_sec -= 1;
-        ts[0].tv_nsec += 1000000000;
-    }
-    ts[1] = ts[0];
+    struct timespec ts[2] = {nstime_split(f->mtime_ns), nstime_split(f->mtime_ns)};
     if (futimens(fd, ts) != 0) {
         return fail(f, fd, FW_UTIME, errno);
     }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "filewrite.h"
+#include "nstime.h"
 
 /* A chunk list entry: id:32 offset:u32 length:u32, little-endian (snapshot/tree.py). */
 #define CHUNK_LEN 40
@@ -238,17 +239,6 @@ struct touch {
     int done;
 };
 
-/* Floor division, as os.utime splits a negative time (before 1970). */
-static struct timespec ns_to_timespec(long long ns)
-{
-    long long sec = ns / 1000000000LL, rem = ns % 1000000000LL;
-    if (rem < 0) {
-        sec -= 1;
-        rem += 1000000000LL;
-    }
-    return (struct timespec){.tv_sec = (time_t)sec, .tv_nsec = (long)rem};
-}
-
 static void touch_one(int dirfd, struct touch *t)
 {
     /* The very inode the capture saw, reached through a descriptor (never by name: a link
@@ -260,9 +250,9 @@ static void touch_one(int dirfd, struct touch *t)
     struct stat st;
     if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (unsigned int)st.st_mode == t->mode &&
         st.st_uid == t->uid && st.st_gid == t->gid && (unsigned long long)st.st_nlink == t->nlink &&
-        (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec == t->mtime_ns &&
+        nstime_of(st.st_mtim) == t->mtime_ns &&
         (long long)st.st_size == t->size) {
-        struct timespec times[2] = {ns_to_timespec(t->new_ns), ns_to_timespec(t->new_ns)};
+        struct timespec times[2] = {nstime_split(t->new_ns), nstime_split(t->new_ns)};
         t->done = futimens(fd, times) == 0;
     }
     close(fd);

@@ -186,3 +186,36 @@ def test_a_flush_that_fails_fails_the_restore(
         intent = e.pending_restore()
         assert intent is not None
         assert "Input/output error" in intent["failed"]["error"]
+
+
+@pytest.mark.parametrize("ns", [-1_500_000_001, -1, 0, 1_700_000_000_999_999_999])
+def test_native_times_match_pythons_before_and_after_1970(
+    tmp_path: os.PathLike[str], ns: int
+) -> None:
+    """The extension's one conversion of nanosecond times (``native/nstime.h``): a time set
+    by ``touch_captured`` or ``set_mtime`` reads back exact, seconds rounded down before
+    1970 as ``os.utime(ns=...)`` splits them, and ``scan_dir`` signs it as Python does."""
+    from sprite_env._native import scan_dir, set_mtime
+    from sprite_env.snapshot import dircache
+
+    d = os.fspath(tmp_path)
+    for n in ("a", "b"):
+        with open(os.path.join(d, n), "wb") as f:
+            f.write(b"x")
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert restore_mod._touch_captured(fd, [_item(os.path.join(d, "a"), b"a", ns)]) == []
+        bfd = os.open(os.path.join(d, "b"), os.O_RDONLY)
+        try:
+            set_mtime(bfd, ns)
+        finally:
+            os.close(bfd)
+        for n in ("a", "b"):
+            st = os.lstat(os.path.join(d, n))
+            assert (st.st_mtime_ns, st.st_atime_ns) == (ns, ns), n
+        now = 2_000_000_000_000_000_000  # nothing racy
+        blob = scan_dir(fd, now, dircache.RACY_NS, os.fstat(fd).st_dev)[0]
+        sigs = {n: dircache.sig_of(os.lstat(os.path.join(d, n)), now) for n in ("a", "b")}
+        assert blob == dircache.encode_sigs({n.encode(): s for n, s in sigs.items()})
+    finally:
+        os.close(fd)
