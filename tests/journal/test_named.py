@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from sprite_env.journal import Journal
 from sprite_env.snapshot import capture as capture_mod
-from sprite_env.snapshot.tree import decode_tree
+from sprite_env.snapshot.paths import lookup
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -225,12 +225,8 @@ def test_a_hard_link_made_and_removed_within_an_epoch(layer: str, harness_for: A
 
 def _entry(h: Harness, r: CaptureResult, rel: bytes) -> tuple[int, int]:
     """The (mtime_ns, nlink) of ``rel``'s entry in ``r``'s tree."""
-    tree = r.top_tree
-    entries = decode_tree(h.store.read(tree))
-    tree = entries[0].payload
-    for part in rel.split(b"/"):
-        entry = next(e for e in decode_tree(h.store.read(tree)) if e.name == part)
-        tree = entry.payload
+    entry = lookup(h.store.read, r.top_tree, tuple(rel.split(b"/")), "the capture")
+    assert entry is not None, rel
     return entry.mtime_ns, entry.nlink
 
 
